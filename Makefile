@@ -1,0 +1,45 @@
+# Everything a fresh machine needs: `make demo` runs the main job, `make test`
+# runs the linter, the type checker and the test suite. Both create .venv.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch. Override on a GPU box, e.g. `make TORCH=torch test`.
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint typecheck pytest bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/splitinfer-demo
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy resolves `splitinfer` through a link to the repository root (the root
+# *is* the package; mypy does not follow setuptools' editable import hook).
+typecheck: $(STAMP)
+	@mkdir -p build/typecheck && ln -sfn ../.. build/typecheck/splitinfer
+	MYPYPATH=build/typecheck $(BIN)/mypy -p splitinfer.shared -p splitinfer.partitioner \
+		-p splitinfer.edge -p splitinfer.cloud -p splitinfer.sim -m splitinfer.demo
+
+pytest: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_partition.py
+
+clean:
+	rm -rf build .mypy_cache .ruff_cache

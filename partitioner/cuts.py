@@ -1,0 +1,357 @@
+"""Valid cuts of a graph that need not be a chain.
+
+A cut splits the *data nodes* (nodes with a batched output) into an edge set E
+and a cloud set C such that nothing in E depends on anything in C: E is a
+down-set (an ideal) of the dependency order. The tensors crossing from E to C
+(plus the model inputs the cloud half reads, e.g. an attention mask) are the
+cut. Residual and multi-branch blocks thus give cuts that carry several tensors.
+
+Shape arithmetic (non-batched nodes such as ``Shape -> Gather -> Concat``) is
+not part of the order: each half computes what it needs, and a value whose
+producer sits on the edge is rebuilt on the cloud from the batch size (see
+:class:`splitinfer.partitioner.analysis.Remat`) rather than shipped.
+
+Units: a Conv/ConvTranspose/Gemm/MatMul whose only consumer is an activation
+forms one unit with it. Runtimes fuse such pairs; a cut between them would ship
+the same bytes as the cut after the activation, uncompressed by it.
+Control-flow nodes (If/Loop/Scan) are single nodes: no cut enters their bodies.
+
+Complexity: building units and the order is O(V + E). Enumeration is
+output-sensitive: each ideal is produced from its parent by adding one
+available unit, O(width * degree) big-int operations per ideal, so
+O(#cuts * width * degree) overall; a chain of V nodes has V + 1 cuts. Each cut
+is then planned (crossing tensors, bytes, FLOPs) in O(V + E). Graphs with many
+parallel branches have exponentially many cuts; ``max_cuts`` bounds the work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitinfer.partitioner.analysis import GraphAnalysis, TensorInfo
+from splitinfer.partitioner.flops import all_flops
+from splitinfer.shared.errors import CutError
+
+FUSABLE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+ACTIVATIONS = frozenset(
+    {
+        "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu",
+        "Elu", "Selu", "Celu", "Softplus", "Mish", "ThresholdedRelu",
+    }
+)  # fmt: skip
+
+DEFAULT_MAX_CUTS = 20_000
+
+
+@dataclass(frozen=True)
+class CutPlan:
+    """One valid cut, planned: what runs where and what crosses."""
+
+    id: str
+    edge_units: int  # bitmask over units
+    edge_nodes: tuple[int, ...]
+    cloud_nodes: tuple[int, ...]
+    crossing: tuple[str, ...]  # batched tensors sent edge -> cloud, in topological order
+    remat: tuple[str, ...]  # small non-batched tensors rebuilt on the cloud
+    bytes_per_sample: int
+    edge_flops: int
+    cloud_flops: int
+
+    @property
+    def kind(self) -> str:
+        if not self.edge_nodes:
+            return "none"
+        if not self.cloud_nodes:
+            return "all"
+        return "split"
+
+
+class CutSpace:
+    """Units, their dependency order, and every valid cut of an analysed graph."""
+
+    def __init__(self, analysis: GraphAnalysis, max_cuts: int = DEFAULT_MAX_CUTS) -> None:
+        self.analysis = analysis
+        self.max_cuts = max_cuts
+        self.flops = all_flops(analysis)
+        self._build_units()
+        self._plans: list[CutPlan] | None = None
+
+    # -- units and order ----------------------------------------------------
+    def _build_units(self) -> None:
+        a = self.analysis
+        nodes = a.nodes
+        unit_of: dict[int, int] = {}
+        units: list[list[int]] = []
+        for i, node in enumerate(nodes):
+            if not a.data_node[i] or i in unit_of:
+                continue
+            unit_of[i] = len(units)
+            units.append([i])
+            if node.op_type in FUSABLE_PRODUCERS and len(node.output) == 1:
+                info = a.tensors[node.output[0]]
+                if len(info.consumers) == 1 and node.output[0] not in a.outputs:
+                    j = info.consumers[0]
+                    if nodes[j].op_type in ACTIVATIONS and a.data_node[j] and j not in unit_of:
+                        unit_of[j] = unit_of[i]
+                        units[-1].append(j)
+        self.units = units
+        self.unit_of = unit_of
+        # near[i]: bitmask of the units whose outputs node i reads, directly or through
+        # chains of non-data nodes (shape arithmetic).
+        near: list[int] = [0] * len(nodes)
+        for i in range(len(nodes)):
+            mask = 0
+            for name in a.node_inputs[i]:
+                p = a.tensors[name].producer if name in a.tensors else None
+                if p is None:
+                    continue
+                mask |= (1 << unit_of[p]) if p in unit_of else near[p]
+            near[i] = mask
+        self.near = near
+        pred = [0] * len(units)
+        for u, members in enumerate(units):
+            for i in members:
+                pred[u] |= near[i]
+            pred[u] &= ~(1 << u)
+        self.pred = pred
+        succ: list[list[int]] = [[] for _ in units]
+        for u, mask in enumerate(pred):
+            m = mask
+            while m:
+                low = m & -m
+                succ[low.bit_length() - 1].append(u)
+                m ^= low
+        self.succ = succ
+        self.full = (1 << len(units)) - 1
+
+    # -- enumeration ----------------------------------------------------------
+    def ideals(self) -> list[int]:
+        """Every down-set of the unit order, sorted by size then topological position."""
+        pred, succ = self.pred, self.succ
+        start_avail = 0
+        for u, mask in enumerate(pred):
+            if mask == 0:
+                start_avail |= 1 << u
+        seen = {0}
+        stack = [(0, start_avail)]
+        while stack:
+            ideal, avail = stack.pop()
+            a = avail
+            while a:
+                low = a & -a
+                a ^= low
+                new = ideal | low
+                if new in seen:
+                    continue
+                seen.add(new)
+                if len(seen) > self.max_cuts:
+                    raise CutError(
+                        f"the graph has more than {self.max_cuts} valid cuts (many parallel "
+                        "branches); raise --max-cuts or name the cut tensors with --split"
+                    )
+                navail = avail & ~low
+                for w in succ[low.bit_length() - 1]:
+                    if pred[w] & ~new == 0:
+                        navail |= 1 << w
+                stack.append((new, navail))
+        return sorted(seen, key=lambda m: (m.bit_count(), _bits_key(m)))
+
+    def plans(self) -> list[CutPlan]:
+        """Every valid cut, planned, with ids ``c0`` (all cloud) ... ``cN`` (all edge)."""
+        if self._plans is None:
+            plans: list[CutPlan] = []
+            for ideal in self.ideals():
+                plan = self.plan(ideal, f"c{len(plans)}")
+                if plan is not None:
+                    plans.append(plan)
+            self._plans = plans
+        return self._plans
+
+    # -- one cut --------------------------------------------------------------
+    def plan(self, edge_units: int, cut_id: str) -> CutPlan | None:
+        """Place every node for the edge set ``edge_units``; None if no valid split."""
+        try:
+            return self._plan(edge_units, cut_id)
+        except _Invalid:
+            return None
+
+    def explain(self, edge_units: int) -> str:
+        """Why ``edge_units`` gives no valid cut (for error messages)."""
+        try:
+            self._plan(edge_units, "?")
+        except _Invalid as exc:
+            return str(exc)
+        return ""
+
+    def _plan(self, edge_units: int, cut_id: str) -> CutPlan:
+        a = self.analysis
+        tensors = a.tensors
+        unit_of = self.unit_of
+        for u in range(len(self.units)):
+            if edge_units >> u & 1 and self.pred[u] & ~edge_units:
+                raise _Invalid("the edge set is not closed under dependencies")
+        cloud: set[int] = set()
+        crossing: list[str] = []
+        remat: list[str] = []
+        seen: set[str] = set()
+        need = list(a.outputs)
+        while need:
+            name = need.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            info = tensors[name]
+            if info.is_initializer:
+                continue
+            if info.is_input:
+                crossing.append(name)
+                continue
+            p = info.producer
+            assert p is not None
+            if p in unit_of:
+                if not edge_units >> unit_of[p] & 1:
+                    cloud.add(p)
+                    need.extend(a.node_inputs[p])
+                elif info.batched:
+                    crossing.append(name)
+                elif info.remat is not None:
+                    remat.append(name)
+                else:
+                    raise _Invalid(
+                        f"tensor {name!r} would cross the cut but is not batched "
+                        f"(shape {list(info.sample_shape)}) and cannot be rebuilt on the cloud"
+                    )
+            elif self.near[p] & ~edge_units == 0 and info.remat is not None:
+                remat.append(name)
+            else:
+                cloud.add(p)
+                need.extend(a.node_inputs[p])
+        if remat and not any(tensors[c].batched for c in crossing):
+            if any(not r.is_constant for r in (tensors[n].remat for n in remat) if r):
+                raise _Invalid("no batched tensor crosses the cut to rebuild shape values from")
+        edge: set[int] = set()
+        need = [c for c in crossing if not tensors[c].is_input]
+        seen = set()
+        while need:
+            name = need.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            info = tensors[name]
+            if info.producer is None:
+                continue
+            p = info.producer
+            if p in cloud:
+                raise _Invalid(f"node {a.nodes[p].name!r} would be needed on both sides")
+            edge.add(p)
+            need.extend(a.node_inputs[p])
+        crossing.sort(key=lambda n: (-1 if tensors[n].producer is None else tensors[n].producer, n))
+        crossing = _inputs_first(crossing, a.inputs)
+        edge_flops = sum(self.flops[i] for i in edge)
+        cloud_flops = sum(self.flops[i] for i in cloud)
+        return CutPlan(
+            id=cut_id,
+            edge_units=edge_units,
+            edge_nodes=tuple(sorted(edge)),
+            cloud_nodes=tuple(sorted(cloud)),
+            crossing=tuple(crossing),
+            remat=tuple(sorted(remat)),
+            bytes_per_sample=sum(fp32_bytes(tensors[c]) for c in crossing),
+            edge_flops=edge_flops,
+            cloud_flops=cloud_flops,
+        )
+
+    # -- lookup ---------------------------------------------------------------
+    def find(self, spec: str) -> CutPlan:
+        """A cut by id (``c7``), ``none``, ``all``, or comma-separated tensor names."""
+        plans = self.plans()
+        spec = spec.strip()
+        if spec == "none":
+            return plans[0]
+        if spec == "all":
+            return plans[-1]
+        for plan in plans:
+            if plan.id == spec:
+                return plan
+        if spec.startswith("c") and spec[1:].isdigit():
+            raise CutError(f"unknown cut {spec!r}: ids run from c0 to {plans[-1].id}")
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+        missing = [n for n in names if n not in self.analysis.tensors]
+        if missing:
+            raise CutError(
+                f"unknown cut {spec!r}: not a cut id (c0..{plans[-1].id}), 'none', 'all', "
+                f"or tensor names of the graph (no tensor {missing[0]!r})"
+            )
+        edge_units = self._closure_of(names)
+        plan = self.plan(edge_units, "?")
+        if plan is None:
+            raise CutError(
+                f"tensors {', '.join(names)} do not separate the graph: {self.explain(edge_units)}"
+            )
+        wanted = set(names)
+        got = set(plan.crossing)
+        if not wanted <= got or not (got - wanted) <= set(self.analysis.inputs):
+            extra = sorted(got - wanted - set(self.analysis.inputs))
+            unused = sorted(wanted - got)
+            detail = f"the cut also carries {', '.join(extra)}" if extra else ""
+            if unused:
+                detail += ("; " if detail else "") + f"{', '.join(unused)} would not cross"
+            raise CutError(f"tensors {', '.join(names)} do not separate the graph: {detail}")
+        for known in plans:
+            if known.edge_units == plan.edge_units:
+                return known
+        return plan
+
+    def _closure_of(self, names: list[str]) -> int:
+        """The smallest edge set that produces ``names``."""
+        a = self.analysis
+        mask = 0
+        stack: list[int] = []
+        for n in names:
+            p = a.tensors[n].producer
+            if p is not None:
+                stack.append(p)
+        seen: set[int] = set()
+        while stack:
+            p = stack.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            if p in self.unit_of:
+                u = self.unit_of[p]
+                mask |= 1 << u
+                for member in self.units[u]:
+                    if member not in seen:
+                        stack.append(member)
+            for name in a.node_inputs[p]:
+                q = a.tensors[name].producer if name in a.tensors else None
+                if q is not None:
+                    stack.append(q)
+        return mask
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _bits_key(mask: int) -> tuple[int, ...]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return tuple(out)
+
+
+def fp32_bytes(info: TensorInfo) -> int:
+    """Bytes of one sample of ``info`` sent as fp32 (non-float tensors: as they are)."""
+    numel = math.prod(info.sample_shape)
+    return numel * 4 if np.dtype(info.dtype).kind == "f" else numel * np.dtype(info.dtype).itemsize
+
+
+def _inputs_first(crossing: list[str], inputs: list[str]) -> list[str]:
+    head = [n for n in inputs if n in crossing]
+    return head + [n for n in crossing if n not in head]

@@ -1,0 +1,30 @@
+"""The one place where command-line entry points turn errors into exit codes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from splitinfer.shared.errors import SplitInferError
+
+#: Exit code for any error caused by input (bad model, flag, file, ...).
+EXIT_USAGE = 2
+
+
+def run_cli(
+    prog: str, body: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None
+) -> int:
+    """Run ``body(argv)``; print a :class:`SplitInferError` as one line and return 2.
+
+    ``KeyboardInterrupt`` returns 130 quietly. Any other exception is a bug and
+    propagates with its traceback.
+    """
+    try:
+        return body(argv)
+    except SplitInferError as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
