@@ -164,10 +164,13 @@ def analysis_input_shapes(
         free = [(i, d) for i, d in enumerate(dims) if i > 0 and not isinstance(d, int)]
         if free:
             axis, sym = free[0]
+            example = "x".join(
+                "1" if i == 0 else str(d) if isinstance(d, int) else f"<{d or 'size'}>"
+                for i, d in enumerate(dims)
+            )
             raise ConfigError(
                 f"input {name!r} has free dimension {sym or '?'} at axis {axis} "
-                f"({_fmt_dims(dims)}): fix it for analysis with --input-shape "
-                f"{name}=" + "x".join(str(d) if isinstance(d, int) else "N" for d in dims)
+                f"({_fmt_dims(dims)}): fix it for analysis with --input-shape {name}={example}"
             )
         result[name] = [int(d) for d in dims[1:] if isinstance(d, int)]
     return result

@@ -70,7 +70,7 @@ def _spec(analysis: GraphAnalysis, name: str) -> TensorSpec:
         sym = info.symbolic
         tail: list[int | str] = list(info.sample_shape)
         if sym is not None and len(sym) == len(tail) + 1:
-            tail = [d if d is not None else tail[i] for i, d in enumerate(sym[1:])]
+            tail = [d if d is not None else "?" for d in sym[1:]]
         return TensorSpec(name, info.dtype, (analysis.batch_symbol or "batch", *tail))
     return TensorSpec(name, info.dtype, tuple(info.sample_shape))
 

@@ -25,6 +25,10 @@ def run_cli(
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # the reader went away (`partition ... | head`); not an error of ours
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -8,6 +8,8 @@ ONNX Runtime and TensorRT alike. The default pipeline:
     ONNX Runtime's offline basic-level optimizer: constant folding, Identity and
     Dropout elimination, Conv+BatchNorm / Conv+Add / Conv+Mul folding, and the
     other provider-independent rewrites. Its output is standard ONNX.
+``fuse_hardswish``
+    ``x * HardSigmoid(x)`` back into ``HardSwish`` (ORT's basic level expands it).
 ``onnxslim``
     OnnxSlim: dead-node and common-subexpression elimination, MatMul+Add -> Gemm,
     Pad+Conv, Concat/Reshape clean-ups, a second constant-folding round.
@@ -25,17 +27,18 @@ from dataclasses import dataclass
 
 import onnx
 
-from splitinfer.partitioner.passes import ort_basic, slim
+from splitinfer.partitioner.passes import fuse_hardswish, ort_basic, slim
 from splitinfer.shared.errors import ConfigError, ModelError
 
 Pass = Callable[[onnx.ModelProto], onnx.ModelProto]
 
 PASSES: dict[str, Pass] = {
     "ort_basic": ort_basic.run,
+    "fuse_hardswish": fuse_hardswish.run,
     "onnxslim": slim.run,
 }
 
-DEFAULT_PIPELINE: tuple[str, ...] = ("ort_basic", "onnxslim")
+DEFAULT_PIPELINE: tuple[str, ...] = ("ort_basic", "fuse_hardswish", "onnxslim")
 
 STANDARD_DOMAINS = frozenset({"", "ai.onnx"})
 

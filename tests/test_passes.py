@@ -1,0 +1,114 @@
+"""Each optimization pass on a tiny graph, checked by running ONNX Runtime before and after."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from graphs import f32, make, rand
+from onnx import helper
+from ortutil import run
+
+from splitinfer.partitioner.passes import DEFAULT_PIPELINE, PASSES, optimize
+from splitinfer.shared.errors import ConfigError, ModelError
+
+pytestmark = pytest.mark.unit
+
+
+def ops(model: onnx.ModelProto) -> Counter[str]:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict) -> None:
+    want, got = run(before, feeds), run(after, feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+
+
+def conv_bn_dropout() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Identity", ["x"], ["xi"]),
+        helper.make_node("Conv", ["xi", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "g", "beta", "mean", "var"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["r"]),
+        helper.make_node("Dropout", ["r"], ["d"]),
+        helper.make_node("Add", ["w2", "w2"], ["w2x2"]),  # constant subexpression
+        helper.make_node("Mul", ["d", "w2x2"], ["y"]),
+    ]
+    inits = {
+        "w": rand(4, 3, 3, 3),
+        "b": rand(4, seed=1),
+        "g": np.abs(rand(4, seed=2)) + 0.5,
+        "beta": rand(4, seed=3),
+        "mean": rand(4, seed=4),
+        "var": np.abs(rand(4, seed=5)) + 0.5,
+        "w2": rand(1, 4, 1, 1, seed=6),
+    }
+    return make(nodes, [f32("x", ["N", 3, 8, 8])], [f32("y", ["N", 4, 8, 8])], inits)
+
+
+def test_ort_basic_folds_bn_constants_identity_and_dropout() -> None:
+    model = conv_bn_dropout()
+    out = PASSES["ort_basic"](model)
+    assert ops(model)["BatchNormalization"] == 1
+    assert ops(out) == Counter({"Conv": 1, "Relu": 1, "Mul": 1}), ops(out)
+    same_outputs(model, out, {"x": rand(2, 3, 8, 8, seed=9)})
+
+
+def test_fuse_hardswish_restores_the_single_op() -> None:
+    nodes = [
+        helper.make_node("HardSigmoid", ["x"], ["g"], alpha=1 / 6, beta=0.5),
+        helper.make_node("Mul", ["x", "g"], ["y"]),
+    ]
+    model = make(nodes, [f32("x", ["N", 8])], [f32("y", ["N", 8])])
+    out = PASSES["fuse_hardswish"](model)
+    assert ops(out) == Counter({"HardSwish": 1})
+    same_outputs(model, out, {"x": rand(3, 8) * 5})
+
+
+def test_fuse_hardswish_leaves_other_hardsigmoids_alone() -> None:
+    nodes = [
+        helper.make_node("HardSigmoid", ["x"], ["g"], alpha=0.2, beta=0.5),
+        helper.make_node("Mul", ["x", "g"], ["y"]),
+    ]
+    model = make(nodes, [f32("x", ["N", 8])], [f32("y", ["N", 8])])
+    assert ops(PASSES["fuse_hardswish"](model)) == ops(model)
+
+
+def test_onnxslim_fuses_matmul_add_and_drops_dead_nodes() -> None:
+    # onnxslim fuses MatMul+Add into Gemm only where the input's shape is static
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+        helper.make_node("Relu", ["a"], ["y"]),
+        helper.make_node("Tanh", ["x"], ["dead"]),  # feeds nothing
+    ]
+    model = make(nodes, [f32("x", [5, 6])], [f32("y", [5, 3])], {"w": rand(6, 3), "b": rand(3)})
+    out = PASSES["onnxslim"](model)
+    assert ops(out) == Counter({"Gemm": 1, "Relu": 1}), ops(out)
+    same_outputs(model, out, {"x": rand(5, 6)})
+
+
+def test_default_pipeline_reports_node_counts_and_stays_standard() -> None:
+    model = conv_bn_dropout()
+    out, reports = optimize(model)
+    assert [r.name for r in reports] == list(DEFAULT_PIPELINE)
+    assert reports[0].nodes_before == len(model.graph.node) == 7
+    assert reports[-1].nodes_after == len(out.graph.node) == 3
+    assert all(n.domain in ("", "ai.onnx") for n in out.graph.node)
+    same_outputs(model, out, {"x": rand(1, 3, 8, 8, seed=3)})
+
+
+def test_unknown_pass_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="unknown optimization pass 'nope'"):
+        optimize(conv_bn_dropout(), ("nope",))
+
+
+def test_ort_rejecting_the_model_is_a_model_error() -> None:
+    node = helper.make_node("NoSuchOp", ["x"], ["y"], domain="")
+    graph = helper.make_graph([node], "g", [f32("x", [1])], [f32("y", [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelError, match="ONNX Runtime cannot load the model"):
+        PASSES["ort_basic"](model)
