@@ -280,7 +280,8 @@ def _classify(
         return
     if first.dtype.kind in "iu" and len(values) == 2:
         b0, b1 = batches[0], batches[1]
-        assert b0 is not None and b1 is not None
+        assert b0 is not None
+        assert b1 is not None
         v0 = values[0].reshape(-1).astype(np.int64)
         v1 = values[1].reshape(-1).astype(np.int64)
         slope = (v1 - v0) // (b1 - b0)
@@ -310,7 +311,9 @@ def _run_all(
     for node in nodes:
         for name in node.output:
             if name and name not in existing and name in value_types:
-                probe.graph.output.append(helper.make_tensor_value_info(name, value_types[name], None))
+                probe.graph.output.append(
+                    helper.make_tensor_value_info(name, value_types[name], None)
+                )
                 existing.add(name)
     rng = np.random.default_rng(0)
     feeds: dict[str, np.ndarray] = {}

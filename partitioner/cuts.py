@@ -229,9 +229,9 @@ class CutSpace:
             else:
                 cloud.add(p)
                 need.extend(a.node_inputs[p])
-        if remat and not any(tensors[c].batched for c in crossing):
-            if any(not r.is_constant for r in (tensors[n].remat for n in remat) if r):
-                raise _Invalid("no batched tensor crosses the cut to rebuild shape values from")
+        needs_batch = any(not r.is_constant for r in (tensors[n].remat for n in remat) if r)
+        if needs_batch and not any(tensors[c].batched for c in crossing):
+            raise _Invalid("no batched tensor crosses the cut to rebuild shape values from")
         edge: set[int] = set()
         need = [c for c in crossing if not tensors[c].is_input]
         seen = set()
@@ -273,9 +273,9 @@ class CutSpace:
             return plans[0]
         if spec == "all":
             return plans[-1]
-        for plan in plans:
-            if plan.id == spec:
-                return plan
+        for known in plans:
+            if known.id == spec:
+                return known
         if spec.startswith("c") and spec[1:].isdigit():
             raise CutError(f"unknown cut {spec!r}: ids run from c0 to {plans[-1].id}")
         names = [n.strip() for n in spec.split(",") if n.strip()]
@@ -286,13 +286,13 @@ class CutSpace:
                 f"or tensor names of the graph (no tensor {missing[0]!r})"
             )
         edge_units = self._closure_of(names)
-        plan = self.plan(edge_units, "?")
-        if plan is None:
+        found = self.plan(edge_units, "?")
+        if found is None:
             raise CutError(
                 f"tensors {', '.join(names)} do not separate the graph: {self.explain(edge_units)}"
             )
         wanted = set(names)
-        got = set(plan.crossing)
+        got = set(found.crossing)
         if not wanted <= got or not (got - wanted) <= set(self.analysis.inputs):
             extra = sorted(got - wanted - set(self.analysis.inputs))
             unused = sorted(wanted - got)
@@ -301,9 +301,9 @@ class CutSpace:
                 detail += ("; " if detail else "") + f"{', '.join(unused)} would not cross"
             raise CutError(f"tensors {', '.join(names)} do not separate the graph: {detail}")
         for known in plans:
-            if known.edge_units == plan.edge_units:
+            if known.edge_units == found.edge_units:
                 return known
-        return plan
+        return found
 
     def _closure_of(self, names: list[str]) -> int:
         """The smallest edge set that produces ``names``."""

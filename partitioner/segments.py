@@ -97,7 +97,8 @@ def _remat_nodes(
             flat = np.array(remat.value, dtype=dtype)
         value = numpy_helper.from_array(flat.reshape(remat.shape), name=f"{name}__remat_value")
         return [helper.make_node("Constant", [], [name], value=value)], []
-    assert anchor is not None and remat.coeffs is not None
+    assert anchor is not None
+    assert remat.coeffs is not None
     p = f"{name}__remat"
     slope = numpy_helper.from_array(np.array([a for a, _ in remat.coeffs], np.int64), f"{p}_a")
     icpt = numpy_helper.from_array(np.array([b for _, b in remat.coeffs], np.int64), f"{p}_b")
@@ -111,7 +112,9 @@ def _remat_nodes(
     if dtype != np.int64:
         nodes.append(helper.make_node("Reshape", [last, f"{p}_shape"], [f"{p}_shaped"]))
         nodes.append(
-            helper.make_node("Cast", [f"{p}_shaped"], [name], to=helper.np_dtype_to_tensor_dtype(dtype))
+            helper.make_node(
+                "Cast", [f"{p}_shaped"], [name], to=helper.np_dtype_to_tensor_dtype(dtype)
+            )
         )
     else:
         nodes.append(helper.make_node("Reshape", [last, f"{p}_shape"], [name]))

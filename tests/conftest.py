@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from zoo import ZOO, export  # noqa: E402
+from zoo import ZOO, export
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,9 @@ def chain(n: int, width: int = 4) -> onnx.ModelProto:
 
 
 def residual() -> onnx.ModelProto:
-    """x -> a=Sigmoid -> b=Tanh -> c=Add(b, a) -> y=Sigmoid: a cut inside the block carries two tensors."""
+    """x -> a=Sigmoid -> b=Tanh -> c=Add(b, a) -> y=Sigmoid.
+
+    A cut inside the block carries two tensors."""
     nodes = [
         helper.make_node("Sigmoid", ["x"], ["a"]),
         helper.make_node("Tanh", ["a"], ["b"]),
@@ -82,11 +84,17 @@ def shape_subgraph() -> onnx.ModelProto:
 def control_flow() -> onnx.ModelProto:
     """An If whose branches read ``a`` from the outer scope."""
     then_g = helper.make_graph(
-        [helper.make_node("Add", ["a", "one"], ["tb"])], "then", [], [f32("tb", ["N", 4])],
+        [helper.make_node("Add", ["a", "one"], ["tb"])],
+        "then",
+        [],
+        [f32("tb", ["N", 4])],
         initializer=[numpy_helper.from_array(np.array(1.0, np.float32), "one")],
     )
     else_g = helper.make_graph(
-        [helper.make_node("Mul", ["a", "two"], ["eb"])], "else", [], [f32("eb", ["N", 4])],
+        [helper.make_node("Mul", ["a", "two"], ["eb"])],
+        "else",
+        [],
+        [f32("eb", ["N", 4])],
         initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two")],
     )
     nodes = [

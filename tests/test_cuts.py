@@ -38,11 +38,14 @@ def test_chain_has_one_cut_per_unit_plus_one() -> None:
     assert len(space.units) == 6
     plans = space.plans()
     assert len(plans) == len(space.units) + 1
-    assert plans[0].kind == "none" and plans[0].crossing == ("x",)
-    assert plans[-1].kind == "all" and plans[-1].crossing == ("y",)
+    assert plans[0].kind == "none"
+    assert plans[0].crossing == ("x",)
+    assert plans[-1].kind == "all"
+    assert plans[-1].crossing == ("y",)
     assert [p.id for p in plans] == [f"c{i}" for i in range(len(plans))]
     edge_flops = [p.edge_flops for p in plans]
-    assert edge_flops == sorted(edge_flops) and plans[0].cloud_flops == plans[-1].edge_flops > 0
+    assert edge_flops == sorted(edge_flops)
+    assert plans[0].cloud_flops == plans[-1].edge_flops > 0
     roundtrip_all(space, {b: {"x": rand(b, 4, seed=b)} for b in (1, 4)})
 
 
@@ -109,7 +112,9 @@ def test_bad_cuts_are_cut_errors(spec: str, message: str) -> None:
 
 
 def test_free_dimensions_need_an_input_shape() -> None:
-    with pytest.raises(ConfigError, match=r"free dimension H at axis 2 .*--input-shape x=1x3x<H>x<W>"):
+    with pytest.raises(
+        ConfigError, match=r"free dimension H at axis 2 .*--input-shape x=1x3x<H>x<W>"
+    ):
         space_of(free_dims())
 
 
@@ -122,7 +127,10 @@ def test_input_shape_fixes_analysis_and_segments_keep_free_dims() -> None:
     assert [d.dim_param for d in dims] == ["N", "", "H", "W"]
     for h, w in ((10, 12), (17, 9)):  # a size it was not analysed at still runs
         feeds = {"x": rand(2, 3, h, w)}
-        assert_close(compose(edge, cloud_model(space.analysis, plan), feeds), run(space.analysis.model, feeds))
+        assert_close(
+            compose(edge, cloud_model(space.analysis, plan), feeds),
+            run(space.analysis.model, feeds),
+        )
 
 
 def test_too_many_cuts_is_a_clear_error() -> None:

@@ -8,6 +8,9 @@ model with two inputs and two outputs.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -279,7 +282,8 @@ def export(model: ZooModel, path: Path, seed: int = 0) -> Path:
     example = tuple(torch.from_numpy(v) for v in model.sample(2).values())
     batch = torch.export.Dim("batch", min=1, max=1024)
     dynamic = tuple({0: batch} for _ in model.inputs)
-    with warnings.catch_warnings():
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         torch.onnx.export(
             net,
