@@ -1,0 +1,421 @@
+"""Activation codecs: how one tensor's values become payload bytes and back.
+
+Each codec is an object registered under a small integer wire id. ``encode``
+turns an array into bytes; ``decode`` checks every length against the shape and
+dtype the frame declared, bounds every size by ``max_bytes`` and insists that
+every byte is consumed. A decoder raises only :class:`CodecError`.
+
+Quantization has a per-channel reference loop (:func:`quantize_reference`,
+:func:`dequantize_reference`) beside the vectorised fast path; the tests check
+they agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from splitinfer.shared.errors import CodecError
+
+RAW = 1
+FP16 = 2
+INT8 = 3
+INT8_ZSTD = 4
+
+#: Logical dtypes the raw codec carries (little-endian on the wire).
+RAW_DTYPES = frozenset(
+    {"float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"}
+)
+#: Logical dtypes the lossy codecs accept; they decode back to the same dtype.
+FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
+
+_FP16_MAX = 65504.0
+#: Scales must be normal float32 numbers; calibration never goes below _MIN_SCALE.
+_F32_TINY = float(np.finfo(np.float32).tiny)
+_F32_MAX = float(np.finfo(np.float32).max)
+_MIN_SCALE = 1e-30
+_INT8_MIN, _INT8_MAX = -128, 127
+
+Array = npt.NDArray[Any]
+Buffer = bytes | bytearray | memoryview
+F32 = npt.NDArray[np.float32]
+I8 = npt.NDArray[np.int8]
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """Affine int8 parameters: ``x ~ (q - zero_point) * scale``.
+
+    One scale and zero point per channel along ``axis`` (axis 1 for NCHW or NC
+    tensors), or a single pair for the whole tensor, in which case ``axis`` is
+    not used.
+    """
+
+    scale: tuple[float, ...]
+    zero_point: tuple[int, ...]
+    axis: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.scale:
+            raise CodecError("quant.scale: empty")
+        if len(self.zero_point) != len(self.scale):
+            raise CodecError(
+                f"quant.zero_point: {len(self.zero_point)} values for {len(self.scale)} scales"
+            )
+        for s in self.scale:
+            if not isinstance(s, float) or not _F32_TINY <= s <= _F32_MAX:
+                raise CodecError(f"quant.scale: {s!r} is not a normal float32 > 0")
+        for z in self.zero_point:
+            if not isinstance(z, int) or isinstance(z, bool) or not _INT8_MIN <= z <= _INT8_MAX:
+                raise CodecError(f"quant.zero_point: {z!r} is not an int in [-128, 127]")
+        if not isinstance(self.axis, int) or isinstance(self.axis, bool) or self.axis < 0:
+            raise CodecError(f"quant.axis: {self.axis!r} is not an int >= 0")
+
+    @property
+    def per_tensor(self) -> bool:
+        return len(self.scale) == 1
+
+    def check_shape(self, shape: tuple[int, ...]) -> None:
+        """Raise :class:`CodecError` unless these parameters fit a tensor of ``shape``."""
+        if self.per_tensor:
+            return
+        if self.axis >= len(shape):
+            raise CodecError(f"quant.axis: {self.axis} is out of range for rank {len(shape)}")
+        if shape[self.axis] != len(self.scale):
+            raise CodecError(
+                f"quant.scale: {len(self.scale)} channels, but axis {self.axis} of shape "
+                f"{list(shape)} has {shape[self.axis]}"
+            )
+
+    def _broadcast(self, ndim: int) -> tuple[F32, F32]:
+        scale = np.asarray(self.scale, dtype=np.float32)
+        zero = np.asarray(self.zero_point, dtype=np.float32)
+        if self.per_tensor:
+            return scale.reshape(()), zero.reshape(())
+        view = [1] * ndim
+        view[self.axis] = len(self.scale)
+        return scale.reshape(view), zero.reshape(view)
+
+
+def calibrate_params(samples: Array, axis: int | None = 1) -> QuantParams:
+    """Symmetric int8 parameters from the min/max of ``samples``.
+
+    Per channel along ``axis``, or per tensor when ``axis`` is None. Zero points
+    are 0 and ``scale = max(|min|, |max|) / 127``, at least 1e-30; an all-zero
+    channel gets 1.0.
+    """
+    x = np.asarray(samples, dtype=np.float64)
+    if x.size == 0 or not np.isfinite(x).all():
+        raise CodecError("calibration samples must be non-empty and finite")
+    if axis is None:
+        amax = np.array([np.abs(x).max()])
+        axis = 0
+    else:
+        if not 0 <= axis < x.ndim:
+            raise CodecError(f"calibration axis {axis} is out of range for rank {x.ndim}")
+        others = tuple(d for d in range(x.ndim) if d != axis)
+        amax = np.abs(x).max(axis=others) if others else np.abs(x)
+    scale = tuple(max(float(a) / _INT8_MAX, _MIN_SCALE) if a > 0 else 1.0 for a in amax)
+    return QuantParams(scale=scale, zero_point=(0,) * len(scale), axis=axis)
+
+
+def quantize(x: Array, params: QuantParams) -> I8:
+    """Vectorised affine int8 quantization; values outside the range are clipped."""
+    x32 = _finite_f32(x)
+    params.check_shape(x32.shape)
+    scale, zero = params._broadcast(x32.ndim)
+    with np.errstate(over="ignore"):
+        q = np.rint(x32 / scale)
+    q += zero
+    np.clip(q, _INT8_MIN, _INT8_MAX, out=q)
+    out: I8 = q.astype(np.int8)
+    return out
+
+
+def dequantize(q: I8, params: QuantParams) -> F32:
+    """Vectorised inverse of :func:`quantize` (up to the rounding it did)."""
+    params.check_shape(q.shape)
+    scale, zero = params._broadcast(q.ndim)
+    out = q.astype(np.float32)
+    out -= zero
+    out *= scale
+    return out
+
+
+def quantize_reference(x: Array, params: QuantParams) -> I8:
+    """Reference quantization: one channel at a time, the same float32 steps."""
+    x32 = _finite_f32(x)
+    params.check_shape(x32.shape)
+    out = np.empty(x32.shape, dtype=np.int8)
+    for c, (s, z) in enumerate(zip(params.scale, params.zero_point, strict=True)):
+        index = (slice(None),) * params.axis + (c,) if not params.per_tensor else ...
+        with np.errstate(over="ignore"):
+            q = np.rint(x32[index] / np.float32(s)) + np.float32(z)
+        out[index] = np.clip(q, _INT8_MIN, _INT8_MAX).astype(np.int8)
+    return out
+
+
+def dequantize_reference(q: I8, params: QuantParams) -> F32:
+    """Reference dequantization: one channel at a time."""
+    params.check_shape(q.shape)
+    out = np.empty(q.shape, dtype=np.float32)
+    for c, (s, z) in enumerate(zip(params.scale, params.zero_point, strict=True)):
+        index = (slice(None),) * params.axis + (c,) if not params.per_tensor else ...
+        out[index] = (q[index].astype(np.float32) - np.float32(z)) * np.float32(s)
+    return out
+
+
+class Codec(Protocol):
+    """A payload codec, registered under :attr:`id`."""
+
+    id: int
+    name: str
+    #: True if the codec needs :class:`QuantParams` (and the frame must carry them).
+    needs_params: bool
+    #: Logical dtypes this codec can carry.
+    dtypes: frozenset[str]
+
+    def encode(self, array: Array, params: QuantParams | None = None) -> bytes: ...
+
+    def decode(
+        self,
+        data: Buffer,
+        dtype: str,
+        shape: tuple[int, ...],
+        params: QuantParams | None,
+        max_bytes: int,
+    ) -> Array: ...
+
+
+class RawCodec:
+    """Id 1: the values as they are, little-endian. Lossless."""
+
+    id: int = RAW
+    name: str = "raw"
+    needs_params: bool = False
+    dtypes: frozenset[str] = RAW_DTYPES
+
+    def encode(self, array: Array, params: QuantParams | None = None) -> bytes:
+        dtype = _wire_dtype(str(np.asarray(array).dtype), self)
+        return np.ascontiguousarray(array, dtype=dtype).tobytes()
+
+    def decode(
+        self,
+        data: Buffer,
+        dtype: str,
+        shape: tuple[int, ...],
+        params: QuantParams | None,
+        max_bytes: int,
+    ) -> Array:
+        wire = _wire_dtype(dtype, self)
+        _expect(data, _count(shape) * wire.itemsize, max_bytes, self)
+        return np.frombuffer(data, dtype=wire).reshape(shape).astype(dtype)
+
+
+class Fp16Codec:
+    """Id 2: IEEE half precision, little-endian.
+
+    Error bound: for ``|x| <= 65504`` the decoded value is the nearest float16,
+    so ``|err| <= 2**-11 * |x|`` for normal values and ``|err| <= 2**-25``
+    in the subnormal range (``|x| < 2**-14``). Finite values beyond 65504
+    saturate to +-65504; NaN and infinity are refused.
+    """
+
+    id: int = FP16
+    name: str = "fp16"
+    needs_params: bool = False
+    dtypes: frozenset[str] = FLOAT_DTYPES
+
+    def encode(self, array: Array, params: QuantParams | None = None) -> bytes:
+        x = _finite_f32(array)
+        clipped = np.clip(x, -_FP16_MAX, _FP16_MAX)
+        return clipped.astype("<f2").tobytes()
+
+    def decode(
+        self,
+        data: Buffer,
+        dtype: str,
+        shape: tuple[int, ...],
+        params: QuantParams | None,
+        max_bytes: int,
+    ) -> Array:
+        _check_dtype(dtype, self)
+        _expect(data, _count(shape) * 2, max_bytes, self)
+        return np.frombuffer(data, dtype="<f2").reshape(shape).astype(dtype)
+
+
+class Int8Codec:
+    """Id 3: affine int8 with per-channel or per-tensor :class:`QuantParams`.
+
+    Error bound: ``|err| <= scale / 2`` per element (plus float32 rounding, a
+    few ulp) for values within the calibrated range
+    ``[(-128 - zero_point) * scale, (127 - zero_point) * scale]``; values outside
+    are clipped to it. NaN and infinity are refused.
+    """
+
+    id: int = INT8
+    name: str = "int8"
+    needs_params: bool = True
+    dtypes: frozenset[str] = FLOAT_DTYPES
+
+    def encode(self, array: Array, params: QuantParams | None = None) -> bytes:
+        return quantize(array, _need(params, self)).tobytes()
+
+    def decode(
+        self,
+        data: Buffer,
+        dtype: str,
+        shape: tuple[int, ...],
+        params: QuantParams | None,
+        max_bytes: int,
+    ) -> Array:
+        return _dequantize_bytes(data, dtype, shape, _need(params, self), max_bytes, self)
+
+
+class Int8ZstdCodec:
+    """Id 4: the int8 codec's bytes compressed as one zstd frame.
+
+    Same error bound as :class:`Int8Codec` (zstd is lossless). ``level`` is the
+    zstd level; ``dictionary`` optional zstd dictionary bytes that encoder and
+    decoder must share. Decompression is bounded: a frame whose header claims a
+    size other than the expected one is refused before any output is allocated,
+    and one without a size may not grow past it.
+    """
+
+    id: int = INT8_ZSTD
+    name: str = "int8+zstd"
+    needs_params: bool = True
+    dtypes: frozenset[str] = FLOAT_DTYPES
+
+    def __init__(self, level: int = 3, dictionary: bytes | None = None) -> None:
+        import zstandard
+
+        if not isinstance(level, int) or not -7 <= level <= zstandard.MAX_COMPRESSION_LEVEL:
+            raise CodecError(
+                f"zstd level {level!r} is out of range [-7, {zstandard.MAX_COMPRESSION_LEVEL}]"
+            )
+        self.level = level
+        self._dict = zstandard.ZstdCompressionDict(dictionary) if dictionary else None
+
+    def encode(self, array: Array, params: QuantParams | None = None) -> bytes:
+        import zstandard
+
+        raw = quantize(array, _need(params, self)).tobytes()
+        compressor = zstandard.ZstdCompressor(
+            level=self.level, dict_data=self._dict, write_content_size=True
+        )
+        return compressor.compress(raw)
+
+    def decode(
+        self,
+        data: Buffer,
+        dtype: str,
+        shape: tuple[int, ...],
+        params: QuantParams | None,
+        max_bytes: int,
+    ) -> Array:
+        import zstandard
+
+        quant = _need(params, self)
+        _check_dtype(dtype, self)
+        expected = _count(shape)
+        if expected * np.dtype(dtype).itemsize > max_bytes or len(data) > max_bytes:
+            raise CodecError(
+                f"{self.name}: tensor of shape {list(shape)} exceeds {max_bytes} bytes"
+            )
+        try:
+            claimed = zstandard.get_frame_parameters(data).content_size
+            if claimed not in (expected, zstandard.CONTENTSIZE_UNKNOWN):
+                raise CodecError(
+                    f"{self.name}: zstd frame claims {claimed} bytes, expected {expected}"
+                )
+            if expected == 0:
+                raw = b""
+                if claimed != 0:
+                    raise CodecError(f"{self.name}: zstd frame for an empty tensor is not empty")
+            else:
+                decompressor = zstandard.ZstdDecompressor(dict_data=self._dict)
+                raw = decompressor.decompress(
+                    data, max_output_size=expected, allow_extra_data=False
+                )
+        except zstandard.ZstdError as exc:
+            raise CodecError(f"{self.name}: {exc}") from exc
+        return _dequantize_bytes(raw, dtype, shape, quant, max_bytes, self)
+
+
+def default_codecs() -> dict[int, Codec]:
+    """A fresh registry of every codec with default settings, by wire id."""
+    codecs: list[Codec] = [RawCodec(), Fp16Codec(), Int8Codec(), Int8ZstdCodec()]
+    return {c.id: c for c in codecs}
+
+
+def get_codec(codec_id: int, codecs: Mapping[int, Codec] | None = None) -> Codec:
+    """The codec registered under ``codec_id``; :class:`CodecError` if none is."""
+    registry = DEFAULT_CODECS if codecs is None else codecs
+    try:
+        return registry[codec_id]
+    except (KeyError, TypeError):
+        known = ", ".join(str(k) for k in sorted(registry))
+        raise CodecError(f"unknown codec id {codec_id!r} (known: {known})") from None
+
+
+#: The default registry. Build your own mapping for a zstd dictionary or level.
+DEFAULT_CODECS: Mapping[int, Codec] = default_codecs()
+
+
+def _dequantize_bytes(
+    data: Buffer,
+    dtype: str,
+    shape: tuple[int, ...],
+    params: QuantParams,
+    max_bytes: int,
+    codec: Codec,
+) -> Array:
+    _check_dtype(dtype, codec)
+    count = _count(shape)
+    if count * np.dtype(dtype).itemsize > max_bytes:
+        raise CodecError(f"{codec.name}: tensor of shape {list(shape)} exceeds {max_bytes} bytes")
+    _expect(data, count, max_bytes, codec)
+    params.check_shape(shape)
+    q = np.frombuffer(data, dtype=np.int8).reshape(shape)
+    return dequantize(q, params).astype(dtype, copy=False)
+
+
+def _need(params: QuantParams | None, codec: Codec) -> QuantParams:
+    if not isinstance(params, QuantParams):
+        raise CodecError(f"{codec.name}: needs quantization parameters")
+    return params
+
+
+def _finite_f32(x: Array) -> F32:
+    x32 = np.asarray(x, dtype=np.float32)
+    if x32.size and not math.isfinite(float(x32.min()) + float(x32.max())):
+        raise CodecError("cannot encode NaN or infinity with a lossy codec")
+    return x32
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _check_dtype(dtype: str, codec: Codec) -> None:
+    if dtype not in codec.dtypes:
+        allowed = ", ".join(sorted(codec.dtypes))
+        raise CodecError(f"{codec.name}: dtype {dtype!r} is not one of {allowed}")
+
+
+def _wire_dtype(dtype: str, codec: Codec) -> np.dtype[Any]:
+    _check_dtype(dtype, codec)
+    return np.dtype(dtype).newbyteorder("<")
+
+
+def _expect(data: Buffer, nbytes: int, max_bytes: int, codec: Codec) -> None:
+    if nbytes > max_bytes:
+        raise CodecError(f"{codec.name}: payload of {nbytes} bytes exceeds {max_bytes}")
+    if len(data) != nbytes:
+        raise CodecError(f"{codec.name}: payload is {len(data)} bytes, expected {nbytes}")

@@ -1,0 +1,266 @@
+"""The wire frame: round trips, field-by-field validation and a fuzzer."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from splitinfer.shared.codecs import FP16, INT8, INT8_ZSTD, RAW, calibrate_params
+from splitinfer.shared.errors import CodecError, ProtocolError
+from splitinfer.shared.frame import (
+    Limits,
+    Privacy,
+    Request,
+    Response,
+    WireTensor,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+from splitinfer.shared.manifest import Cut, Manifest, Segment, TensorSpec
+
+pytestmark = pytest.mark.unit
+
+CUT = (
+    TensorSpec("feat", "float32", ("N", 4, 3, 3)),
+    TensorSpec("skip", "float32", ("N", 5)),
+)
+OUTPUTS = (TensorSpec("logits", "float32", ("N", 10)),)
+MANIFEST = Manifest(
+    model_name="tiny",
+    source_sha256="0" * 64,
+    opset=17,
+    batch_dim="N",
+    precision={},
+    inputs=(TensorSpec("x", "float32", ("N", 3, 8, 8)),),
+    outputs=OUTPUTS,
+    cut=Cut("c1", "split", CUT, (), 100, 10, 20),
+    segments={
+        "edge": Segment("edge.onnx", "1" * 64, ("x",), ("feat", "skip"), 3),
+        "cloud": Segment("cloud.onnx", "2" * 64, ("feat", "skip"), ("logits",), 4),
+    },
+)
+LIMITS = Limits(max_frame_bytes=1 << 20, max_tensor_bytes=1 << 16, max_batch=8)
+
+
+def tensors(batch: int = 2, codec: int = RAW) -> tuple[WireTensor, ...]:
+    rng = np.random.default_rng(batch)
+    feat = np.maximum(rng.standard_normal((batch, 4, 3, 3)), 0).astype(np.float32)
+    skip = rng.standard_normal((batch, 5)).astype(np.float32)
+    quant = codec in (INT8, INT8_ZSTD)
+    return (
+        WireTensor("feat", feat, codec, calibrate_params(feat) if quant else None),
+        WireTensor("skip", skip, codec, calibrate_params(skip, axis=None) if quant else None),
+    )
+
+
+def request(**changes: Any) -> Request:
+    base = Request(
+        request_id="r-1",
+        model_name="tiny",
+        model_version="3",
+        cut_id="c1",
+        tensors=tensors(),
+        privacy=Privacy(noise_multiplier=1.1, clip=0.5, epsilon=0.01),
+        deadline_ms=1_700_000_000_000,
+        trace_id="t-9",
+    )
+    return replace(base, **changes)
+
+
+def frame_with(edit: Any) -> bytes:
+    """A valid request frame whose JSON header ``edit`` has changed in place."""
+    data = encode_request(request())
+    (hlen,) = struct.unpack_from("<I", data, 6)
+    header = json.loads(data[10 : 10 + hlen])
+    edit(header)
+    blob = json.dumps(header).encode()
+    return data[:6] + struct.pack("<I", len(blob)) + blob + data[10 + hlen :]
+
+
+@pytest.mark.parametrize("codec", [RAW, FP16, INT8, INT8_ZSTD])
+def test_request_round_trip(codec: int) -> None:
+    sent = request(tensors=tensors(3, codec))
+    got = decode_request(encode_request(sent), MANIFEST, LIMITS)
+    assert replace(got, tensors=()) == replace(sent, tensors=())
+    for a, b in zip(got.tensors, sent.tensors, strict=True):
+        assert (a.name, a.codec, a.quant) == (b.name, b.codec, b.quant)
+        assert a.array.shape == b.array.shape
+        atol = 0.0 if codec == RAW else max(b.quant.scale) if b.quant else 1e-2
+        np.testing.assert_allclose(a.array, b.array, atol=atol, rtol=1e-3)
+
+
+def test_response_round_trip_and_error_status() -> None:
+    logits = np.arange(20, dtype=np.float32).reshape(2, 10)
+    sent = Response("r-1", 200, (WireTensor("logits", logits),))
+    got = decode_response(encode_response(sent), MANIFEST, LIMITS)
+    assert got.request_id == "r-1"
+    assert got.status == 200
+    np.testing.assert_array_equal(got.tensors[0].array, logits)
+    failed = Response("r-2", 503, (), "overloaded")
+    assert decode_response(encode_response(failed), MANIFEST, LIMITS) == failed
+    with pytest.raises(ProtocolError, match=r"frame\.tensors: names"):
+        decode_response(encode_response(replace(sent, status=500)), MANIFEST, LIMITS)
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Any:
+    def edit(header: dict[str, Any]) -> None:
+        target: Any = header
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return edit
+
+
+def _delete(key: str) -> Any:
+    return lambda header: header.pop(key)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (_set(("model",), "other"), "frame.model"),
+        (_set(("cut_id",), "c2"), "frame.cut_id"),
+        (_set(("request_id",), 7), "frame.request_id"),
+        (_set(("trace_id",), "x" * 1000), "frame.trace_id"),
+        (_set(("deadline_ms",), -1), "frame.deadline_ms"),
+        (_set(("deadline_ms",), 2**64), "frame.deadline_ms"),
+        (_set(("privacy", "epsilon"), -0.5), "frame.privacy.epsilon"),
+        (_set(("privacy", "clip"), "big"), "frame.privacy.clip"),
+        (_set(("privacy", "extra"), 1), "frame.privacy.extra"),
+        (_delete("trace_id"), "frame.trace_id"),
+        (_set(("surprise",), 1), "frame.surprise"),
+        (_set(("tensors", 0, "name"), "skip"), "frame.tensors"),
+        (lambda h: h["tensors"].reverse(), "frame.tensors"),
+        (lambda h: h["tensors"].pop(), "frame.tensors"),
+        (_set(("tensors", 0, "dtype"), "float64"), r"frame.tensors\[0\].dtype"),
+        (_set(("tensors", 0, "shape"), [2, 4, 3]), r"frame.tensors\[0\].shape"),
+        (_set(("tensors", 0, "shape"), [2, 4, 3, 4]), r"frame.tensors\[0\].shape"),
+        (_set(("tensors", 0, "shape"), [2, 4, 3, 3.0]), r"frame.tensors\[0\].shape"),
+        (_set(("tensors", 1, "shape"), [3, 5]), r"frame.tensors\[1\].shape"),
+        (_set(("tensors", 0, "shape"), [0, 4, 3, 3]), r"frame.tensors\[0\].shape"),
+        (_set(("tensors", 0, "shape"), [99, 4, 3, 3]), r"frame.tensors\[0\].shape"),
+        (_set(("tensors", 0, "codec"), 42), r"frame.tensors\[0\].codec"),
+        (_set(("tensors", 0, "codec"), True), r"frame.tensors\[0\].codec"),
+        (_set(("tensors", 0, "quant"), {"scale": [1.0]}), r"frame.tensors\[0\].quant"),
+        (_set(("tensors", 1, "codec"), INT8), r"frame.tensors\[1\].quant"),
+        (_set(("tensors", 1, "extra"), 0), r"frame.tensors\[1\].extra"),
+        (_set(("tensors", 0, "shape"), [1, 4, 3, 3]), r"frame.tensors\[1\].shape"),
+    ],
+)
+def test_every_validation_failure_names_its_field(edit: Any, field: str) -> None:
+    with pytest.raises(ProtocolError, match=f"^{field}"):
+        decode_request(frame_with(edit), MANIFEST, LIMITS)
+
+
+def test_quant_params_are_checked_against_the_shape() -> None:
+    def edit(header: dict[str, Any]) -> None:
+        header["tensors"][0]["codec"] = INT8
+        header["tensors"][0]["quant"] = {"scale": [1.0, 1.0], "zero_point": [0, 0], "axis": 1}
+
+    with pytest.raises(ProtocolError, match=r"^frame\.tensors\[0\]\.quant: .*channels"):
+        decode_request(frame_with(edit), MANIFEST, LIMITS)
+
+
+def test_payload_errors_name_the_tensor() -> None:
+    data = encode_request(request())
+    assert decode_request(data, MANIFEST, LIMITS)
+    (hlen,) = struct.unpack_from("<I", data, 6)
+    start = 10 + hlen
+    # shorten the first payload by 4 bytes, keeping the frame self-consistent
+    (plen,) = struct.unpack_from("<I", data, start)
+    short = (
+        data[:start]
+        + struct.pack("<I", plen - 4)
+        + data[start + 4 : start + plen]
+        + data[start + 4 + plen :]
+    )
+    with pytest.raises(CodecError, match=r"^frame\.tensors\[0\]\.payload"):
+        decode_request(short, MANIFEST, LIMITS)
+    with pytest.raises(ProtocolError, match="trailing"):
+        decode_request(data + b"\0", MANIFEST, LIMITS)
+    with pytest.raises(ProtocolError, match=r"frame\.tensors\[1\]\.payload"):
+        decode_request(data[:-1], MANIFEST, LIMITS)
+
+
+def test_preamble_and_limits() -> None:
+    data = encode_request(request())
+    cases = {
+        b"XXXX" + data[4:]: "frame.magic",
+        data[:4] + b"\x02" + data[5:]: "frame.version",
+        data[:5] + b"\x02" + data[6:]: "frame.kind",
+        data[:6] + struct.pack("<I", 1 << 20) + data[10:]: "frame.header",
+        data[:6] + struct.pack("<I", 1000) + data[10:]: "frame.header",
+        data[:7]: "frame",
+    }
+    for bad, field in cases.items():
+        with pytest.raises(ProtocolError, match=f"^{field}"):
+            decode_request(bad, MANIFEST, LIMITS)
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode_request(data, MANIFEST, replace(LIMITS, max_frame_bytes=100))
+    with pytest.raises(ProtocolError, match=r"frame\.tensors\[0\]\.shape: .*over 100"):
+        decode_request(data, MANIFEST, replace(LIMITS, max_tensor_bytes=100))
+    (hlen,) = struct.unpack_from("<I", data, 6)
+    huge = data[: 10 + hlen] + struct.pack("<I", 2**31) + data[14 + hlen :]
+    with pytest.raises(ProtocolError, match=r"frame\.tensors\[0\]\.payload: .*exceeds"):
+        decode_request(huge, MANIFEST, LIMITS)
+    with pytest.raises(ProtocolError, match=r"frame\.header: .*exceeds"):
+        decode_request(data, MANIFEST, replace(LIMITS, max_header_bytes=100))
+
+
+def test_deeply_nested_or_non_json_header() -> None:
+    for blob in (b"[" * 50_000, b"\xff\xfe", b'{"a": NaN}', b"[1]"):
+        data = b"SPLT\x01\x01" + struct.pack("<I", len(blob)) + blob
+        with pytest.raises(ProtocolError, match=r"^frame\.header"):
+            decode_request(data, MANIFEST, Limits())
+
+
+VALID = [
+    encode_request(request(tensors=tensors(b, codec)))
+    for b in (1, 2)
+    for codec in (RAW, FP16, INT8, INT8_ZSTD)
+]
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    data = bytearray(draw(st.sampled_from(VALID)))
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["flip", "truncate", "insert", "delete", "splice"]))
+        at = draw(st.integers(0, len(data)))
+        if kind == "flip" and at < len(data):
+            data[at] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "truncate":
+            del data[at:]
+        elif kind == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=16))
+        elif kind == "delete":
+            del data[at : at + draw(st.integers(1, 16))]
+        else:
+            data[at : at + 8] = draw(st.binary(min_size=8, max_size=8))
+    return bytes(data)
+
+
+frames = st.one_of(
+    st.binary(max_size=256),
+    st.binary(max_size=64).map(lambda b: b"SPLT\x01\x01" + b),
+    mutated(),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames)
+def test_fuzz_only_protocol_or_codec_errors_escape(data: bytes) -> None:
+    for decode in (decode_request, decode_response):
+        with contextlib.suppress(ProtocolError, CodecError):
+            decode(data, MANIFEST, LIMITS)
