@@ -8,12 +8,8 @@ and cloud composed reproduce the model under ONNX Runtime.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import logging
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +18,7 @@ import numpy as np
 from splitinfer.partitioner.cli import format_table
 from splitinfer.partitioner.cuts import CutPlan
 from splitinfer.partitioner.pipeline import prepare, stderr_progress, write_package
+from splitinfer.partitioner.torch_export import export_onnx
 from splitinfer.shared.cli import run_cli
 
 #: Per-sample input of the demo model: a 1x28x28 grey image.
@@ -52,22 +49,7 @@ def build_demo_model(path: Path) -> Path:
         nn.Conv2d(32, 8, 1), nn.ReLU(),
         nn.Flatten(), nn.Linear(8 * 7 * 7, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 10),
     ).eval()  # fmt: skip
-    example = (torch.randn(2, *INPUT_SHAPE),)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("torch").setLevel(logging.ERROR)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            net,
-            example,
-            str(path),
-            input_names=["image"],
-            output_names=["logits"],
-            dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1024)},),
-            dynamo=True,
-            verbose=False,
-        )
-    return path
+    return export_onnx(net, (torch.randn(2, *INPUT_SHAPE),), path, ["image"], ["logits"])
 
 
 def choose(plans: list[CutPlan]) -> CutPlan:

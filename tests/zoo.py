@@ -8,15 +8,13 @@ model with two inputs and two outputs.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from splitinfer.partitioner.torch_export import export_onnx
 
 
 def _torch():  # heavy import at the point of use
@@ -280,22 +278,7 @@ def export(model: ZooModel, path: Path, seed: int = 0) -> Path:
             m.running_mean.uniform_(-0.5, 0.5)
             m.running_var.uniform_(0.5, 1.5)
     example = tuple(torch.from_numpy(v) for v in model.sample(2).values())
-    batch = torch.export.Dim("batch", min=1, max=1024)
-    dynamic = tuple({0: batch} for _ in model.inputs)
-    logging.getLogger("torch").setLevel(logging.ERROR)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            net,
-            example,
-            str(path),
-            input_names=list(model.inputs),
-            output_names=list(model.outputs),
-            dynamic_shapes=dynamic,
-            dynamo=True,
-            verbose=False,
-        )
-    return path
+    return export_onnx(net, example, path, list(model.inputs), list(model.outputs))
 
 
 def reference(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
