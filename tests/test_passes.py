@@ -112,3 +112,19 @@ def test_ort_rejecting_the_model_is_a_model_error() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ModelError, match="ONNX Runtime cannot load the model"):
         PASSES["ort_basic"](model)
+
+
+def test_optimize_names_every_node_uniquely() -> None:
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["b"], name="dup"),
+        helper.make_node("Abs", ["b"], ["c"], name="dup"),
+        helper.make_node("Sigmoid", ["c"], ["y"], name="Sigmoid_3"),
+    ]
+    model = make(nodes, [f32("x", ["N", 4])], [f32("y", ["N", 4])], {})
+    out, _ = optimize(model, ())
+    names = [n.name for n in out.graph.node]
+    assert all(names)
+    assert len(set(names)) == 4
+    assert "dup" in names
+    assert "Sigmoid_3" in names

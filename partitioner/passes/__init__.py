@@ -62,7 +62,26 @@ def optimize(
         model = PASSES[name](model)
         check_standard(model, name)
         reports.append(PassReport(name, before, len(model.graph.node)))
+    name_nodes(model)
     return model, reports
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give every top-level node a unique, non-empty name, in place.
+
+    Per-node costs (measured profiles, roofline estimates) are keyed by node
+    name, so a name must identify one node. Existing unique names are kept.
+    """
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        name = node.name
+        if not name or name in seen:
+            base = f"{node.op_type}_{i}"
+            name, k = base, 1
+            while name in seen:
+                name, k = f"{base}_{k}", k + 1
+            node.name = name
+        seen.add(name)
 
 
 def check_standard(model: onnx.ModelProto, after: str) -> None:
