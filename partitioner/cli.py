@@ -120,15 +120,16 @@ def _main(argv: Sequence[str] | None) -> int:
             print(format_table(prepared, prepared.space.plans()))
         return 0
     plan = prepared.space.find(args.split)
-    manifest = write_package(
-        prepared, plan, args.output, precision=args.precision, progress=progress
+    manifest = write_package(prepared, plan, args.output, progress=progress)
+    cut = manifest.cut
+    sides = ", ".join(
+        f"{seg.file} {seg.nodes} nodes" for seg in (cut.edge, cut.cloud) if seg is not None
     )
     print(
         f"cut {plan.id} ({plan.kind}): {len(plan.crossing)} tensor(s), "
         f"{plan.bytes_per_sample:,} bytes/sample; edge {plan.edge_flops / 1e6:.2f} MFLOPs, "
         f"cloud {plan.cloud_flops / 1e6:.2f} MFLOPs -> {args.output} "
-        f"(edge.onnx {manifest.segments['edge'].nodes} nodes, "
-        f"cloud.onnx {manifest.segments['cloud'].nodes} nodes)"
+        f"({sides})"
     )
     return 0
 

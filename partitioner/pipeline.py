@@ -6,9 +6,10 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -20,7 +21,18 @@ from splitinfer.partitioner.loader import LoadedModel, dims_of, load_model, sha2
 from splitinfer.partitioner.passes import DEFAULT_PIPELINE, PassReport, optimize
 from splitinfer.partitioner.segments import cloud_model, edge_model
 from splitinfer.shared.errors import PackageError
-from splitinfer.shared.manifest import MANIFEST_NAME, Cut, Manifest, Segment, TensorSpec, is_package
+from splitinfer.shared.manifest import (
+    MANIFEST_NAME,
+    CodecSpec,
+    Cut,
+    Manifest,
+    PrivacySpec,
+    QuantSpec,
+    Segment,
+    TensorSpec,
+    is_package,
+    resolve_file,
+)
 
 Progress = Callable[[str], None]
 
@@ -82,41 +94,113 @@ def _io_spec(vi: onnx.ValueInfoProto) -> TensorSpec:
     return TensorSpec(vi.name, dtype, dims)
 
 
+@dataclass
+class CutArtifacts:
+    """One cut as it goes into a package: the plan, its two segments and extras.
+
+    ``edge``/``cloud`` default to the fp32 segments of the plan; the auto
+    split replaces ``edge`` with its INT8 version and fills the rest.
+    """
+
+    plan: CutPlan
+    edge: onnx.ModelProto | None = None
+    cloud: onnx.ModelProto | None = None
+    edge_precision: str = "fp32"
+    cloud_precision: str = "fp32"
+    codec: CodecSpec = field(default_factory=CodecSpec)
+    quant: dict[str, QuantSpec] = field(default_factory=dict)
+    predicted: dict[str, Any] = field(default_factory=dict)
+    quality: dict[str, Any] = field(default_factory=dict)
+
+
+def artifacts_for(prepared: Prepared, plan: CutPlan) -> CutArtifacts:
+    """The fp32 segments of a plan; a cut with no work on a side has no segment there."""
+    a = prepared.analysis
+    return CutArtifacts(
+        plan=plan,
+        edge=None if plan.kind == "none" else edge_model(a, plan),
+        cloud=None if plan.kind == "all" else cloud_model(a, plan),
+    )
+
+
+@dataclass
+class PackageExtras:
+    """Package-wide parts beside the cuts."""
+
+    fallback: onnx.ModelProto | None = None
+    fallback_precision: str = "fp32"
+    privacy: PrivacySpec | None = None
+    planning: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)  # extra files, e.g. a zstd dictionary
+
+
+def _segment(path: Path, root: Path, precision: str) -> Segment:
+    model = onnx.load(str(path), load_external_data=False)
+    return Segment(
+        file=path.relative_to(root).as_posix(),
+        sha256=sha256_file(path),
+        inputs=tuple(vi.name for vi in model.graph.input),
+        outputs=tuple(vi.name for vi in model.graph.output),
+        nodes=len(model.graph.node),
+        precision=precision,
+    )
+
+
+def _cut_entry(prepared: Prepared, art: CutArtifacts, root: Path, folder: Path) -> Cut:
+    a = prepared.analysis
+    plan = art.plan
+    segs: dict[str, Segment | None] = {"edge": None, "cloud": None}
+    for role, model, precision in (
+        ("edge", art.edge, art.edge_precision),
+        ("cloud", art.cloud, art.cloud_precision),
+    ):
+        if model is None:
+            continue
+        onnx.checker.check_model(model)
+        path = folder / f"{role}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(model, str(path))
+        segs[role] = _segment(path, root, precision)
+    return Cut(
+        id=plan.id,
+        kind=plan.kind,
+        tensors=tuple(_spec(a, n) for n in plan.crossing),
+        rematerialized=plan.remat,
+        bytes_per_sample=plan.bytes_per_sample,
+        edge_flops=plan.edge_flops,
+        cloud_flops=plan.cloud_flops,
+        edge=segs["edge"],
+        cloud=segs["cloud"],
+        codec=art.codec,
+        quant=dict(art.quant),
+        predicted=dict(art.predicted),
+        quality=dict(art.quality),
+    )
+
+
 def build_manifest(
-    prepared: Prepared, plan: CutPlan, precision: str, files: dict[str, tuple[str, Path]]
+    prepared: Prepared,
+    cuts: list[Cut],
+    default_cut: str,
+    fallback: Segment | None,
+    extras: PackageExtras,
 ) -> Manifest:
     a = prepared.analysis
     inputs = {vi.name: vi for vi in a.model.graph.input}
     outputs = {vi.name: vi for vi in a.model.graph.output}
-    segments = {}
-    for role, (fname, path) in files.items():
-        model = onnx.load(str(path), load_external_data=False)
-        segments[role] = Segment(
-            file=fname,
-            sha256=sha256_file(path),
-            inputs=tuple(vi.name for vi in model.graph.input),
-            outputs=tuple(vi.name for vi in model.graph.output),
-            nodes=len(model.graph.node),
-        )
     opset = next((o.version for o in a.model.opset_import if o.domain in {"", "ai.onnx"}), 0)
     return Manifest(
         model_name=prepared.source.path.stem,
         source_sha256=prepared.source.sha256,
         opset=int(opset),
         batch_dim=a.batch_symbol,
-        precision={"edge": precision, "cloud": precision},
         inputs=tuple(_io_spec(inputs[n]) for n in a.inputs),
         outputs=tuple(_io_spec(outputs[n]) for n in a.outputs),
-        cut=Cut(
-            id=plan.id,
-            kind=plan.kind,
-            tensors=tuple(_spec(a, n) for n in plan.crossing),
-            rematerialized=plan.remat,
-            bytes_per_sample=plan.bytes_per_sample,
-            edge_flops=plan.edge_flops,
-            cloud_flops=plan.cloud_flops,
-        ),
-        segments=segments,
+        default_cut=default_cut,
+        cuts=tuple(cuts),
+        fallback=fallback,
+        privacy=extras.privacy,
+        planning=dict(extras.planning),
         analysis_shapes=dict(a.sample_input_shapes),
         optimization={
             "passes": [r.name for r in prepared.passes],
@@ -129,18 +213,25 @@ def build_manifest(
 
 def write_package(
     prepared: Prepared,
-    plan: CutPlan,
+    cuts: CutPlan | Sequence[CutPlan | CutArtifacts],
     out_dir: Path,
     *,
-    precision: str = "fp32",
+    extras: PackageExtras | None = None,
     progress: Progress = _quiet,
 ) -> Manifest:
-    """Write ``edge.onnx``, ``cloud.onnx`` and ``manifest.json`` into ``out_dir``.
+    """Write the segments of every cut and ``manifest.json`` into ``out_dir``.
 
+    The first cut is the default: its segments are ``edge.onnx`` and
+    ``cloud.onnx`` at the top; other candidates go to ``candidates/<id>/``.
     Everything is written to a temporary folder beside ``out_dir`` and renamed
     into place, so a failure leaves no half-written package. An existing
     ``out_dir`` is replaced only if it is empty or a split package.
     """
+    extras = extras or PackageExtras()
+    items = [cuts] if isinstance(cuts, CutPlan) else list(cuts)
+    if not items:
+        raise PackageError("a package needs at least one cut")
+    arts = [artifacts_for(prepared, c) if isinstance(c, CutPlan) else c for c in items]
     out_dir = out_dir.resolve()
     if out_dir.exists():
         if not out_dir.is_dir():
@@ -152,17 +243,21 @@ def write_package(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        progress(f"extracting segments for cut {plan.id}")
-        files = {}
-        for role, model in (
-            ("edge", edge_model(prepared.analysis, plan)),
-            ("cloud", cloud_model(prepared.analysis, plan)),
-        ):
-            onnx.checker.check_model(model)
-            path = tmp / f"{role}.onnx"
-            onnx.save(model, str(path))
-            files[role] = (path.name, path)
-        manifest = build_manifest(prepared, plan, precision, files)
+        entries = []
+        for i, art in enumerate(arts):
+            progress(f"extracting segments for cut {art.plan.id}")
+            folder = tmp if i == 0 else tmp / "candidates" / art.plan.id
+            entries.append(_cut_entry(prepared, art, tmp, folder))
+        fallback = None
+        if extras.fallback is not None:
+            onnx.checker.check_model(extras.fallback)
+            onnx.save(extras.fallback, str(tmp / "full.onnx"))
+            fallback = _segment(tmp / "full.onnx", tmp, extras.fallback_precision)
+        for name, data in extras.files.items():
+            path = resolve_file(tmp, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        manifest = build_manifest(prepared, entries, arts[0].plan.id, fallback, extras)
         (tmp / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
         _swap_into_place(tmp, out_dir)
     except BaseException:

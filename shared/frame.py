@@ -48,7 +48,7 @@ _REQUEST_KEYS = frozenset(
     {"request_id", "model", "model_version", "cut_id", "tensors", "privacy", "deadline_ms"}
     | {"trace_id"}
 )
-_RESPONSE_KEYS = frozenset({"request_id", "status", "message", "tensors"})
+_RESPONSE_KEYS = frozenset({"request_id", "status", "message", "tensors", "model_version", "load"})
 _TENSOR_KEYS = frozenset({"name", "dtype", "shape", "codec", "quant"})
 _QUANT_KEYS = frozenset({"scale", "zero_point", "axis"})
 _PRIVACY_KEYS = frozenset({"noise_multiplier", "clip", "epsilon"})
@@ -111,6 +111,8 @@ class Response:
     status: int = STATUS_OK
     tensors: tuple[WireTensor, ...] = ()
     message: str = ""
+    model_version: str = ""  # the version that served the request
+    load: float = 0.0  # the cloud's queue pressure, 0 (idle) to 1 (full); the edge adapts to it
 
 
 def encode_request(request: Request, codecs: Mapping[int, Codec] | None = None) -> bytes:
@@ -137,6 +139,8 @@ def encode_response(response: Response, codecs: Mapping[int, Codec] | None = Non
         "request_id": response.request_id,
         "status": int(response.status),
         "message": response.message,
+        "model_version": response.model_version,
+        "load": float(response.load),
     }
     return _encode(KIND_RESPONSE, header, response.tensors, codecs)
 
@@ -153,9 +157,11 @@ def decode_request(
                 f"frame.model: {model!r} does not match the package's {manifest.model_name!r}"
             )
         cut_id = _text(header, "cut_id", "frame")
-        if cut_id != manifest.cut.id:
+        cut = manifest.find_cut(cut_id)
+        if cut is None or cut.kind == "all":
             raise ProtocolError(
-                f"frame.cut_id: {cut_id!r} does not match the package's cut {manifest.cut.id!r}"
+                f"frame.cut_id: {cut_id!r} is not a cut the package serves in the cloud "
+                f"({', '.join(c.id for c in manifest.cuts if c.kind != 'all') or 'none'})"
             )
         privacy = _obj(header["privacy"], "frame.privacy", _PRIVACY_KEYS)
         deadline = header["deadline_ms"]
@@ -169,9 +175,7 @@ def decode_request(
             clip=_amount(privacy, "clip", "frame.privacy"),
             epsilon=_amount(privacy, "epsilon", "frame.privacy"),
         )
-        tensors = _tensors(
-            header["tensors"], view, end, manifest, manifest.cut.tensors, limits, codecs
-        )
+        tensors = _tensors(header["tensors"], view, end, manifest, cut.tensors, limits, codecs)
     except (ProtocolError, CodecError):
         raise
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error) as exc:
@@ -193,13 +197,15 @@ def decode_response(
         status = header["status"]
         if not _is_int(status) or not 100 <= status <= 999:
             raise ProtocolError(f"frame.status: {status!r} is not a status code")
+        version = _text(header, "model_version", "frame")
+        load = _amount(header, "load", "frame")
         specs = manifest.outputs if status == STATUS_OK else ()
         tensors = _tensors(header["tensors"], view, end, manifest, specs, limits, codecs)
     except (ProtocolError, CodecError):
         raise
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error) as exc:
         raise ProtocolError(f"frame: malformed ({type(exc).__name__}: {exc})") from exc
-    return Response(request_id, status, tensors, message)
+    return Response(request_id, status, tensors, message, version, load)
 
 
 def _encode(

@@ -15,7 +15,7 @@ from typing import Any
 from splitinfer.shared.errors import PackageError
 
 FORMAT = "splitinfer.split-package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 
@@ -44,6 +44,11 @@ class TensorSpec:
         )
 
 
+PRECISIONS = ("fp32", "fp16", "int8")
+CODEC_NAMES = ("raw", "fp16", "int8", "int8+zstd")
+CUT_KINDS = ("none", "all", "split")
+
+
 @dataclass(frozen=True)
 class Segment:
     """One ONNX file of the package and the tensor names it takes and gives."""
@@ -53,38 +58,102 @@ class Segment:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     nodes: int
+    precision: str = "fp32"
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Segment:
         obj = _obj(data, where)
+        file = _field(obj, "file", str, where)
+        _check_relative(file, f"{where}.file")
+        precision = obj.get("precision", "fp32")
+        if precision not in PRECISIONS:
+            raise PackageError(f"{where}.precision: {precision!r} is not one of {PRECISIONS}")
         return cls(
-            file=_field(obj, "file", str, where),
+            file=file,
             sha256=_field(obj, "sha256", str, where),
             inputs=tuple(_field(obj, "inputs", list, where)),
             outputs=tuple(_field(obj, "outputs", list, where)),
             nodes=_field(obj, "nodes", int, where),
+            precision=precision,
         )
 
 
 @dataclass(frozen=True)
+class CodecSpec:
+    """How the cut tensors travel: the wire codec and its settings."""
+
+    name: str = "int8+zstd"
+    level: int = 3
+    dictionary: str | None = None  # a file in the package: a zstd dictionary
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> CodecSpec:
+        obj = _obj(data, where)
+        name = _field(obj, "name", str, where)
+        if name not in CODEC_NAMES:
+            raise PackageError(f"{where}.name: {name!r} is not one of {', '.join(CODEC_NAMES)}")
+        dictionary = obj.get("dictionary")
+        if dictionary is not None:
+            if not isinstance(dictionary, str):
+                raise PackageError(f"{where}.dictionary: expected a file name or null")
+            _check_relative(dictionary, f"{where}.dictionary")
+        return cls(name=name, level=int(obj.get("level", 3)), dictionary=dictionary)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """Calibrated int8 parameters of one cut tensor (per channel along ``axis``)."""
+
+    scale: tuple[float, ...]
+    zero_point: tuple[int, ...]
+    axis: int | None
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> QuantSpec:
+        obj = _obj(data, where)
+        scale = _field(obj, "scale", list, where)
+        zero = _field(obj, "zero_point", list, where)
+        axis = obj.get("axis")
+        if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool)):
+            raise PackageError(f"{where}.axis: expected an integer or null, got {axis!r}")
+        if len(scale) != len(zero) or not scale:
+            raise PackageError(f"{where}: scale and zero_point must be non-empty, equal length")
+        return cls(tuple(float(v) for v in scale), tuple(int(v) for v in zero), axis)
+
+
+@dataclass(frozen=True)
 class Cut:
-    """The cut the package was split at, with the figures that describe it."""
+    """One cut of the model: its tensors, its two segments and how it travels.
+
+    ``kind`` is "none" (all cloud: no edge segment), "all" (all edge: no cloud
+    segment) or "split".
+    """
 
     id: str
-    kind: str  # "none" (all cloud), "all" (all edge) or "split"
+    kind: str
     tensors: tuple[TensorSpec, ...]
     rematerialized: tuple[str, ...]
     bytes_per_sample: int
     edge_flops: int
     cloud_flops: int
+    edge: Segment | None = None
+    cloud: Segment | None = None
+    codec: CodecSpec = field(default_factory=CodecSpec)
+    quant: dict[str, QuantSpec] = field(default_factory=dict)
+    predicted: dict[str, Any] = field(default_factory=dict)
+    quality: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Cut:
         obj = _obj(data, where)
         kind = _field(obj, "kind", str, where)
-        if kind not in {"none", "all", "split"}:
+        if kind not in CUT_KINDS:
             raise PackageError(f"{where}.kind: {kind!r} is not one of none, all, split")
-        return cls(
+        edge = obj.get("edge")
+        cloud = obj.get("cloud")
+        codec = obj.get("codec")
+        quant = obj.get("quant", {})
+        cut = cls(
             id=_field(obj, "id", str, where),
             kind=kind,
             tensors=tuple(
@@ -95,27 +164,104 @@ class Cut:
             bytes_per_sample=_field(obj, "bytes_per_sample", int, where),
             edge_flops=_field(obj, "edge_flops", int, where),
             cloud_flops=_field(obj, "cloud_flops", int, where),
+            edge=None if edge is None else Segment.from_dict(edge, f"{where}.edge"),
+            cloud=None if cloud is None else Segment.from_dict(cloud, f"{where}.cloud"),
+            codec=CodecSpec() if codec is None else CodecSpec.from_dict(codec, f"{where}.codec"),
+            quant={
+                k: QuantSpec.from_dict(v, f"{where}.quant.{k}")
+                for k, v in _obj(quant, f"{where}.quant").items()
+            },
+            predicted=dict(_obj(obj.get("predicted", {}), f"{where}.predicted")),
+            quality=dict(_obj(obj.get("quality", {}), f"{where}.quality")),
         )
+        if kind != "none" and cut.edge is None:
+            raise PackageError(f"{where}.edge: missing (a {kind!r} cut runs an edge segment)")
+        if kind != "all" and cut.cloud is None:
+            raise PackageError(f"{where}.cloud: missing (a {kind!r} cut runs a cloud segment)")
+        return cut
+
+    def segments(self) -> tuple[Segment, ...]:
+        return tuple(s for s in (self.edge, self.cloud) if s is not None)
+
+
+@dataclass(frozen=True)
+class PrivacySpec:
+    """Per-request (epsilon, delta) DP of the cut activations (Gaussian mechanism).
+
+    Each sample's cut activation is clipped to L2 norm ``clip`` and gets
+    Gaussian noise of std ``noise_multiplier * 2 * clip`` before it is encoded.
+    """
+
+    epsilon: float
+    delta: float
+    clip: float
+    noise_multiplier: float
+    accountant: str = "prv"
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> PrivacySpec:
+        obj = _obj(data, where)
+        values = {}
+        for key in ("epsilon", "delta", "clip", "noise_multiplier"):
+            v = obj.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise PackageError(f"{where}.{key}: {v!r} is not a positive number")
+            values[key] = float(v)
+        if values["delta"] >= 1:
+            raise PackageError(f"{where}.delta: {values['delta']} must be below 1")
+        return cls(**values, accountant=str(obj.get("accountant", "prv")))
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """Everything a reader of a split package needs, minus the ONNX files."""
+    """Everything a reader of a split package needs, minus the ONNX files.
+
+    A package holds one or more candidate cuts, each a complete edge/cloud
+    pair; ``default_cut`` is the one the partitioner chose. ``fallback`` is a
+    full local model the edge may run when no cloud answers.
+    """
 
     model_name: str
     source_sha256: str
     opset: int
     batch_dim: str | None
-    precision: dict[str, str]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    cut: Cut
-    segments: dict[str, Segment]
+    default_cut: str
+    cuts: tuple[Cut, ...]
+    fallback: Segment | None = None
+    privacy: PrivacySpec | None = None
+    planning: dict[str, Any] = field(default_factory=dict)
     analysis_shapes: dict[str, list[int]] = field(default_factory=dict)
     optimization: dict[str, Any] = field(default_factory=dict)
     tool_version: str = ""
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        ids = [c.id for c in self.cuts]
+        if not ids:
+            raise PackageError("manifest.cuts: a package holds at least one cut")
+        if len(set(ids)) != len(ids):
+            raise PackageError(f"manifest.cuts: duplicate cut ids in {ids}")
+        if self.default_cut not in ids:
+            raise PackageError(
+                f"manifest.default_cut: {self.default_cut!r} is not among the cuts {ids}"
+            )
+
+    @property
+    def cut(self) -> Cut:
+        """The default cut (the one the partitioner chose)."""
+        found = self.find_cut(self.default_cut)
+        assert found is not None  # checked in __post_init__
+        return found
+
+    def find_cut(self, cut_id: str) -> Cut | None:
+        return next((c for c in self.cuts if c.id == cut_id), None)
+
+    @property
+    def cut_ids(self) -> tuple[str, ...]:
+        return tuple(c.id for c in self.cuts)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -137,16 +283,18 @@ class Manifest:
                 f"split package format version {version} is newer than this splitinfer "
                 f"understands ({FORMAT_VERSION}); upgrade splitinfer"
             )
-        segments = _field(obj, "segments", dict, "manifest")
+        if version == 1:
+            obj = _from_v1(obj)
         batch_dim = obj.get("batch_dim")
         if batch_dim is not None and not isinstance(batch_dim, str):
             raise PackageError("manifest.batch_dim must be a string or null")
+        fallback = obj.get("fallback")
+        privacy = obj.get("privacy")
         return cls(
             model_name=_field(obj, "model_name", str, "manifest"),
             source_sha256=_field(obj, "source_sha256", str, "manifest"),
             opset=_field(obj, "opset", int, "manifest"),
             batch_dim=batch_dim,
-            precision=dict(_field(obj, "precision", dict, "manifest")),
             inputs=tuple(
                 TensorSpec.from_dict(t, f"manifest.inputs[{i}]")
                 for i, t in enumerate(_field(obj, "inputs", list, "manifest"))
@@ -155,16 +303,49 @@ class Manifest:
                 TensorSpec.from_dict(t, f"manifest.outputs[{i}]")
                 for i, t in enumerate(_field(obj, "outputs", list, "manifest"))
             ),
-            cut=Cut.from_dict(_field(obj, "cut", dict, "manifest"), "manifest.cut"),
-            segments={
-                k: Segment.from_dict(v, f"manifest.segments.{k}") for k, v in segments.items()
-            },
+            default_cut=_field(obj, "default_cut", str, "manifest"),
+            cuts=tuple(
+                Cut.from_dict(c, f"manifest.cuts[{i}]")
+                for i, c in enumerate(_field(obj, "cuts", list, "manifest"))
+            ),
+            fallback=None if fallback is None else Segment.from_dict(fallback, "manifest.fallback"),
+            privacy=None if privacy is None else PrivacySpec.from_dict(privacy, "manifest.privacy"),
+            planning=dict(_obj(obj.get("planning", {}), "manifest.planning")),
             analysis_shapes=dict(obj.get("analysis_shapes", {})),
             optimization=dict(obj.get("optimization", {})),
             tool_version=str(obj.get("tool_version", "")),
             format=fmt,
-            format_version=version,
+            format_version=FORMAT_VERSION,
         )
+
+
+def _from_v1(obj: dict[str, Any]) -> dict[str, Any]:
+    """Read a format-1 manifest (one cut, ``segments`` beside it) as format 2."""
+    cut = dict(_field(obj, "cut", dict, "manifest"))
+    segments = _field(obj, "segments", dict, "manifest")
+    precision = obj.get("precision", {})
+    for role in ("edge", "cloud"):
+        if role in segments:
+            seg = dict(_obj(segments[role], f"manifest.segments.{role}"))
+            seg.setdefault("precision", precision.get(role, "fp32"))
+            cut[role] = seg
+    cut["codec"] = {"name": "raw"}
+    out = {k: v for k, v in obj.items() if k not in {"cut", "segments", "precision"}}
+    out["cuts"] = [cut]
+    out["default_cut"] = cut.get("id")
+    return out
+
+
+def resolve_file(package: Path, relative: str) -> Path:
+    """The path of a file the manifest names, refusing anything outside the package."""
+    _check_relative(relative, "file")
+    return package / relative
+
+
+def _check_relative(name: str, where: str) -> None:
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts or "\\" in name:
+        raise PackageError(f"{where}: {name!r} must be a relative path inside the package")
 
 
 def is_package(path: Path) -> bool:

@@ -40,14 +40,43 @@ MANIFEST = Manifest(
     source_sha256="0" * 64,
     opset=17,
     batch_dim="N",
-    precision={},
     inputs=(TensorSpec("x", "float32", ("N", 3, 8, 8)),),
     outputs=OUTPUTS,
-    cut=Cut("c1", "split", CUT, (), 100, 10, 20),
-    segments={
-        "edge": Segment("edge.onnx", "1" * 64, ("x",), ("feat", "skip"), 3),
-        "cloud": Segment("cloud.onnx", "2" * 64, ("feat", "skip"), ("logits",), 4),
-    },
+    default_cut="c1",
+    cuts=(
+        Cut(
+            "c1",
+            "split",
+            CUT,
+            (),
+            100,
+            10,
+            20,
+            edge=Segment("edge.onnx", "1" * 64, ("x",), ("feat", "skip"), 3),
+            cloud=Segment("cloud.onnx", "2" * 64, ("feat", "skip"), ("logits",), 4),
+        ),
+        Cut(
+            "c2",
+            "split",
+            (TensorSpec("h", "float32", ("N", 7)),),
+            (),
+            28,
+            15,
+            15,
+            edge=Segment("candidates/c2/edge.onnx", "3" * 64, ("x",), ("h",), 4),
+            cloud=Segment("candidates/c2/cloud.onnx", "4" * 64, ("h",), ("logits",), 3),
+        ),
+        Cut(
+            "c9",
+            "all",
+            OUTPUTS,
+            (),
+            40,
+            30,
+            0,
+            edge=Segment("candidates/c9/edge.onnx", "5" * 64, ("x",), ("logits",), 7),
+        ),
+    ),
 )
 LIMITS = Limits(max_frame_bytes=1 << 20, max_tensor_bytes=1 << 16, max_batch=8)
 
@@ -101,15 +130,18 @@ def test_request_round_trip(codec: int) -> None:
 
 def test_response_round_trip_and_error_status() -> None:
     logits = np.arange(20, dtype=np.float32).reshape(2, 10)
-    sent = Response("r-1", 200, (WireTensor("logits", logits),))
+    sent = Response("r-1", 200, (WireTensor("logits", logits),), model_version="7", load=0.25)
     got = decode_response(encode_response(sent), MANIFEST, LIMITS)
     assert got.request_id == "r-1"
     assert got.status == 200
+    assert (got.model_version, got.load) == ("7", 0.25)
     np.testing.assert_array_equal(got.tensors[0].array, logits)
     failed = Response("r-2", 503, (), "overloaded")
     assert decode_response(encode_response(failed), MANIFEST, LIMITS) == failed
     with pytest.raises(ProtocolError, match=r"frame\.tensors: names"):
         decode_response(encode_response(replace(sent, status=500)), MANIFEST, LIMITS)
+    with pytest.raises(ProtocolError, match=r"frame\.load: -1\.0 is not a finite number"):
+        decode_response(encode_response(replace(sent, load=-1.0)), MANIFEST, LIMITS)
 
 
 def _set(path: tuple[Any, ...], value: Any) -> Any:
@@ -130,7 +162,9 @@ def _delete(key: str) -> Any:
     ("edit", "field"),
     [
         (_set(("model",), "other"), "frame.model"),
-        (_set(("cut_id",), "c2"), "frame.cut_id"),
+        (_set(("cut_id",), "c3"), "frame.cut_id: 'c3' is not a cut"),
+        (_set(("cut_id",), "c9"), "frame.cut_id: 'c9' is not a cut"),
+        (_set(("cut_id",), "c2"), r"frame.tensors: names \['feat', 'skip'\] are not"),
         (_set(("request_id",), 7), "frame.request_id"),
         (_set(("trace_id",), "x" * 1000), "frame.trace_id"),
         (_set(("deadline_ms",), -1), "frame.deadline_ms"),

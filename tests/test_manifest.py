@@ -45,8 +45,13 @@ def test_round_trip(package: Path) -> None:
     manifest = load_manifest(package)
     assert Manifest.from_dict(json.loads(manifest.to_json())) == manifest
     assert manifest.format_version == FORMAT_VERSION
-    assert manifest.segments["edge"].outputs == tuple(t.name for t in manifest.cut.tensors)
-    assert manifest.segments["cloud"].inputs == tuple(t.name for t in manifest.cut.tensors)
+    cut = manifest.cut
+    assert cut.edge is not None
+    assert cut.cloud is not None
+    assert cut.edge.outputs == tuple(t.name for t in cut.tensors)
+    assert cut.cloud.inputs == tuple(t.name for t in cut.tensors)
+    assert (cut.edge.file, cut.cloud.file) == ("edge.onnx", "cloud.onnx")
+    assert manifest.cut_ids == ("c2",)
     assert manifest.optimization["nodes_before"] == 4
     assert len(manifest.source_sha256) == 64
     assert is_package(package)
@@ -63,9 +68,17 @@ def test_newer_format_version_is_refused(package: Path) -> None:
     ("mutate", "message"),
     [
         (lambda d: d.update(format="something-else"), "manifest.format is 'something-else'"),
-        (lambda d: d.pop("cut"), r"manifest.cut: missing"),
-        (lambda d: d["cut"].update(kind="half"), r"manifest.cut.kind: 'half'"),
-        (lambda d: d["cut"]["tensors"][0].update(shape=[1.5]), r"tensors\[0\].shape"),
+        (lambda d: d.pop("cuts"), r"manifest.cuts: missing"),
+        (lambda d: d.update(cuts=[]), r"manifest.cuts: a package holds at least one cut"),
+        (lambda d: d.update(default_cut="c9"), r"manifest.default_cut: 'c9' is not among"),
+        (lambda d: d["cuts"].append(d["cuts"][0]), r"manifest.cuts: duplicate cut ids"),
+        (lambda d: d["cuts"][0].update(kind="half"), r"manifest.cuts\[0\].kind: 'half'"),
+        (lambda d: d["cuts"][0].update(edge=None), r"manifest.cuts\[0\].edge: missing"),
+        (lambda d: d["cuts"][0]["tensors"][0].update(shape=[1.5]), r"tensors\[0\].shape"),
+        (lambda d: d["cuts"][0]["edge"].update(file="../x.onnx"), r"edge.file: '../x.onnx' must"),
+        (lambda d: d["cuts"][0]["cloud"].update(file="/etc/x"), r"cloud.file: '/etc/x' must"),
+        (lambda d: d["cuts"][0]["codec"].update(name="gzip"), r"codec.name: 'gzip'"),
+        (lambda d: d.update(privacy={"epsilon": 1}), r"manifest.privacy.delta"),
         (lambda d: d.update(opset="20"), r"manifest.opset: expected int"),
         (lambda d: d.update(format_version=True), "not a positive integer"),
     ],
@@ -84,3 +97,45 @@ def test_not_a_package(tmp_path: Path) -> None:
     with pytest.raises(PackageError, match="not valid JSON"):
         load_manifest(tmp_path)
     assert not is_package(tmp_path)
+
+
+def test_format_1_manifests_are_still_read(package: Path) -> None:
+    v2 = raw(package)
+    cut = v2["cuts"][0]
+    v1 = {k: v for k, v in v2.items() if k not in {"cuts", "default_cut", "fallback", "privacy"}}
+    v1["format_version"] = 1
+    v1["precision"] = {"edge": "fp32", "cloud": "fp32"}
+    v1["segments"] = {"edge": cut.pop("edge"), "cloud": cut.pop("cloud")}
+    for seg in v1["segments"].values():
+        seg.pop("precision")
+    for key in ("codec", "quant", "predicted", "quality"):
+        cut.pop(key)
+    v1["cut"] = cut
+    manifest = Manifest.from_dict(v1)
+    assert manifest.format_version == FORMAT_VERSION
+    assert manifest.cut.id == "c2"
+    assert manifest.cut.edge == load_manifest(package).cut.edge
+    assert manifest.cut.codec.name == "raw"
+
+
+def test_several_candidate_cuts_each_get_their_own_segments(tmp_path: Path) -> None:
+    from splitinfer.partitioner.pipeline import prepare, write_package
+
+    onnx.save(residual(), str(tmp_path / "res.onnx"))
+    prepared = prepare(tmp_path / "res.onnx")
+    plans = [prepared.space.find(c) for c in ("c2", "none", "all")]
+    manifest = write_package(prepared, plans, tmp_path / "pkg")
+    assert manifest.default_cut == "c2"
+    assert load_manifest(tmp_path / "pkg") == manifest
+    none, every = manifest.find_cut(plans[1].id), manifest.find_cut(plans[2].id)
+    assert none is not None
+    assert every is not None
+    assert none.kind == "none"
+    assert none.edge is None
+    assert every.cloud is None
+    for cut in manifest.cuts:
+        for seg in cut.segments():
+            assert (tmp_path / "pkg" / seg.file).is_file()
+    assert none.cloud is not None
+    assert none.cloud.file == f"candidates/{none.id}/cloud.onnx"
+    jsonschema.validate(raw(tmp_path / "pkg"), json.loads(SCHEMA_PATH.read_text()))
