@@ -307,7 +307,10 @@ class Int8ZstdCodec:
 
         raw = quantize(array, _need(params, self)).tobytes()
         compressor = zstandard.ZstdCompressor(
-            level=self.level, dict_data=self._dict, write_content_size=True
+            level=self.level,
+            dict_data=self._dict,
+            write_content_size=True,
+            write_dict_id=False,  # both sides know the dictionary: save 4 bytes
         )
         return compressor.compress(raw)
 

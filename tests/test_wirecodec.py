@@ -1,0 +1,91 @@
+"""Partition-time codec choice on real activations: calibration, dictionary, fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from splitinfer.partitioner.wirecodec import calibrate, plan_wire
+from splitinfer.shared.codecs import Int8ZstdCodec
+from splitinfer.shared.package import quant_params
+
+pytestmark = pytest.mark.unit
+
+
+def relu_features(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((1, *shape)).astype(np.float32)  # shared structure
+    x = base + 0.3 * rng.standard_normal((n, *shape)).astype(np.float32)
+    return np.maximum(x, 0)
+
+
+def test_channel_axis_never_the_sequence() -> None:
+    params = calibrate(
+        {
+            "nchw": np.ones((4, 3, 5, 5), np.float32),
+            "seq": np.ones((4, 7, 16), np.float32),
+            "vec": np.ones((4, 10), np.float32),
+            "ids": np.ones((4, 7), np.int64),
+        }
+    )
+    assert set(params) == {"nchw", "seq", "vec"}
+    assert (params["nchw"].axis, len(params["nchw"].scale)) == (1, 3)
+    assert (params["seq"].axis, len(params["seq"].scale)) == (2, 16)
+    assert len(params["vec"].scale) == 10
+
+
+def test_small_activations_keep_a_dictionary_that_pays() -> None:
+    acts = {"h": relu_features(64, (8, 4, 4))}
+    plan = plan_wire(acts, dictionary_file="codec/c1.zdict")
+    assert plan.codec.name == "int8+zstd"
+    assert plan.dictionary is not None
+    assert plan.codec.dictionary == "codec/c1.zdict"
+    assert plan.ratio > 4.0
+    # the recorded parameters and the dictionary really encode the tensor that small
+    from splitinfer.shared.manifest import Cut
+
+    cut = Cut("c1", "split", (), (), 0, 0, 0, quant=plan.quant)
+    p = quant_params(cut, "h")
+    assert p is not None
+    with_dict = Int8ZstdCodec(3, plan.dictionary)
+    sizes = [len(with_dict.encode(acts["h"][i : i + 1], p)) for i in range(32, 64)]
+    assert np.mean(sizes) == pytest.approx(plan.wire_bytes, rel=0.01)
+
+
+def test_noise_gets_no_dictionary() -> None:
+    rng = np.random.default_rng(5)
+    acts = {"h": rng.standard_normal((32, 4096)).astype(np.float32)}
+    plan = plan_wire(acts, dictionary_file="d")
+    assert plan.dictionary is None
+    assert plan.codec.dictionary is None
+    assert 3.0 < plan.ratio < 4.5  # int8 of gaussian noise: ~4x, zstd adds little
+
+
+def test_low_agreement_falls_back_to_fp16() -> None:
+    acts = {"h": relu_features(16, (32,))}
+    plan = plan_wire(acts, dictionary_file="d", score=lambda _a: 0.9, min_agreement=0.99)
+    assert plan.codec.name == "fp16"
+    assert plan.quant == {}
+    assert plan.ratio == pytest.approx(2.0)
+    assert plan.agreement == 0.9
+    kept = plan_wire(acts, dictionary_file="d", score=lambda _a: 1.0)
+    assert kept.codec.name == "int8+zstd"
+
+
+def test_score_sees_int8_rounded_activations() -> None:
+    acts = {"h": relu_features(16, (32,))}
+    seen = {}
+
+    def score(rounded):
+        seen.update(rounded)
+        return 1.0
+
+    plan_wire(acts, dictionary_file="d", score=score)
+    err = np.abs(seen["h"] - acts["h"]).max()
+    assert 0 < err <= np.abs(acts["h"]).max() / 127
+
+
+def test_non_float_cuts_travel_raw() -> None:
+    plan = plan_wire({"ids": np.ones((4, 7), np.int64)}, dictionary_file="d")
+    assert plan.codec.name == "raw"
+    assert plan.ratio == 1.0
