@@ -1,0 +1,194 @@
+"""``netsim``: network emulation for splitinfer.
+
+    netsim link --uplink RATE|TRACE --downlink RATE|TRACE --delay 25ms \\
+                --listen PORT --target HOST:PORT [--duration 60s]
+
+RATE is ``5mbit``, ``500kB/s``, ... or ``unlimited``; TRACE a Mahimahi trace file
+(``TRACE@30s`` replays it from 30 s in). ``netsim link`` prints the port it listens
+on, then a line of counters every ``--report`` interval, on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from splitinfer import __version__
+from splitinfer.shared.cli import run_cli
+from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.links import parse_duration
+from splitinfer.sim.config import Direction, LinkConfig, parse_outage
+from splitinfer.sim.link import EmulatedLink
+
+PROG = "netsim"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Trace-driven network emulation for splitinfer.")
+    p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
+    commands = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+    link = commands.add_parser(
+        "link",
+        help="run an emulated link: a TCP proxy from --listen to --target",
+        description="A TCP proxy on loopback whose uplink (client -> target) and downlink "
+        "(target -> client) are shaped by a fixed rate or a Mahimahi trace, with delay, "
+        "jitter, loss and outages.",
+    )
+    link.add_argument(
+        "--uplink",
+        default="unlimited",
+        metavar="RATE|TRACE",
+        help="client -> target: a rate (5mbit, 500kB/s), a Mahimahi trace file "
+        "(PATH or PATH@30s to start 30 s in), or unlimited (default)",
+    )
+    link.add_argument(
+        "--downlink",
+        default="unlimited",
+        metavar="RATE|TRACE",
+        help="target -> client, as --uplink",
+    )
+    link.add_argument("--delay", default="0ms", help="one-way propagation delay (default 0ms)")
+    link.add_argument(
+        "--jitter", default="0ms", help="each segment's delay varies by up to ± this (default 0ms)"
+    )
+    link.add_argument(
+        "--loss", type=float, default=0.0, help="probability a segment is lost (default 0)"
+    )
+    link.add_argument(
+        "--outage",
+        action="append",
+        default=[],
+        metavar="START,DURATION",
+        help="no delivery in this window of link time, e.g. 10s,5s (repeatable)",
+    )
+    link.add_argument(
+        "--queue",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="droptail queue bound per direction (default unbounded)",
+    )
+    link.add_argument("--seed", type=int, default=0, help="seed of jitter and loss (default 0)")
+    link.add_argument(
+        "--listen", type=int, default=0, metavar="PORT", help="port on --host (default: any free)"
+    )
+    link.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
+    link.add_argument("--target", required=True, metavar="HOST:PORT", help="where to connect")
+    link.add_argument(
+        "--duration", default=None, help="stop after this long (default: run until interrupted)"
+    )
+    link.add_argument(
+        "--report", default="0s", help="print counters at this interval, e.g. 1s (default: never)"
+    )
+    link.set_defaults(run=_run_link)
+    return p
+
+
+def parse_target(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--target {text!r} must be HOST:PORT, e.g. 127.0.0.1:8080")
+    return host.strip("[]"), int(port)
+
+
+def parse_direction(text: str, flag: str) -> Direction:
+    """``RATE``, ``unlimited``, ``TRACE`` or ``TRACE@OFFSET``."""
+    path, at, offset = text.rpartition("@")
+    if at and path:
+        try:
+            return Direction.parse({"trace": path, "offset": offset})
+        except ConfigError as exc:
+            raise ConfigError(f"{flag}: {exc}") from None
+    try:
+        return Direction.parse(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def link_config(args: argparse.Namespace) -> LinkConfig:
+    return LinkConfig(
+        uplink=parse_direction(args.uplink, "--uplink"),
+        downlink=parse_direction(args.downlink, "--downlink"),
+        delay_ms=parse_duration(args.delay) * 1000.0,
+        jitter_ms=parse_duration(args.jitter) * 1000.0,
+        loss=args.loss,
+        outages=tuple(parse_outage(o) for o in args.outage),
+        queue_bytes=args.queue,
+        seed=args.seed,
+    )
+
+
+def _run_link(args: argparse.Namespace) -> int:
+    config = link_config(args)
+    target = parse_target(args.target)
+    duration = parse_duration(args.duration) if args.duration is not None else None
+    report = parse_duration(args.report)
+    if not 0 <= args.listen < 65536:
+        raise ConfigError(f"--listen {args.listen} must be a port number 0..65535")
+    asyncio.run(_serve(config, target, args.host, args.listen, duration, report))
+    return 0
+
+
+async def _serve(
+    config: LinkConfig,
+    target: tuple[str, int],
+    host: str,
+    port: int,
+    duration: float | None,
+    report: float,
+) -> None:
+    try:
+        link = EmulatedLink(config, target, host=host, port=port)
+        await link.start()
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        print(
+            f"{PROG}: link listening on {host}:{link.port} -> {target[0]}:{target[1]} "
+            f"({config.describe()})",
+            flush=True,
+        )
+        loop = asyncio.get_running_loop()
+        end = None if duration is None else loop.time() + duration
+        while end is None or loop.time() < end:
+            step = report if report > 0 else 3600.0
+            if end is not None:
+                step = min(step, end - loop.time())
+            await asyncio.sleep(max(step, 0.0))
+            if report > 0:
+                print(_counters(link), flush=True)
+    finally:
+        await link.close()
+    if report <= 0:
+        print(_counters(link), flush=True)
+
+
+def _counters(link: EmulatedLink) -> str:
+    return (
+        f"t={link.now():.1f}s connections={link.connections} "
+        f"up={link.uplink_stats.delivered_bytes}B queued={link.queued_bytes('uplink'):.0f}B "
+        f"down={link.downlink_stats.delivered_bytes}B queued={link.queued_bytes('downlink'):.0f}B"
+    )
+
+
+def _body(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    run = args.run
+    result: int = run(args)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(PROG, _body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
