@@ -1,0 +1,453 @@
+"""INT8 edge segments: fp32 vs u8s8 / s8s8 QDQ latency on this CPU, and digits agreement.
+
+    python bench/bench_int8.py [--quick] [--threads 1] [--repeats 15] [--widths 1,4]
+                               [--explore] [--profile resnet] [--json out.json]
+
+Latency: the CNN zoo architectures of tests/zoo.py (chain, resnet, mobilenet,
+inception; random weights, BatchNorm folded by the partitioner's passes) at
+1x3x224x224, each at the zoo's channel widths (x1, the same networks, checked by
+parameter count) and with every channel count multiplied (x4: widths of real
+224x224 CNNs, e.g. 64..128 channels for the resnet). Each is quantized as the
+partitioner would for an ONNX Runtime CPU edge (``config_for("cpu")``: u8s8,
+7-bit weights) and for a TensorRT edge (``config_for("tensorrt")``: s8s8),
+calibrated on 8 synthetic samples. All variants run in ONNX Runtime CPU with the
+same session options (ORT_ENABLE_ALL, so QDQ groups fuse into integer kernels;
+``--threads`` intra-op threads), warmed up, then timed round-robin (one run of
+each variant per round) so that load on a shared machine hits all alike; the
+figure is the median. Target: fp32 / best int8 >= 2.0 per model.
+
+``--explore`` adds u8s8 with full 8-bit weights and with per-tensor weights.
+``--profile NAME`` prints ONNX Runtime's per-op time of NAME (x1) fp32 vs u8s8.
+
+Agreement: the digits CNN (splitinfer.models.digits, trained here with seed 0),
+calibrated on 300 training samples; fp32 and int8 accuracy on the 450 test
+samples and the top-1 agreement between them. Target >= 0.99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from splitinfer.partitioner.calibration import synthetic_calibration
+from splitinfer.partitioner.passes import DEFAULT_PIPELINE, optimize
+from splitinfer.partitioner.quantize import (
+    QuantConfig,
+    agreement,
+    config_for,
+    quantize_model,
+)
+from splitinfer.partitioner.torch_export import export_onnx
+from splitinfer.shared.manifest import TensorSpec
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
+
+MODELS = ("chain", "resnet", "mobilenet", "inception")
+INPUT = TensorSpec("x", "float32", ("batch", 3, 224, 224))
+TARGET_SPEEDUP = 2.0
+TARGET_AGREEMENT = 0.99
+CALIB_SAMPLES = 8
+DIGITS_CALIB = 300
+
+
+# --- the zoo's CNN architectures with a channel multiplier ---------------------------------
+
+
+def build(name: str, w: int) -> Any:
+    """tests/zoo.py's network ``name`` with every channel count multiplied by ``w``."""
+    import torch
+    from torch import nn
+
+    def bn_act(c: int, act: Any) -> list[Any]:
+        return [nn.BatchNorm2d(c), act()]
+
+    if name == "chain":
+        return nn.Sequential(
+            nn.Conv2d(3, 8 * w, 3, padding=1),
+            *bn_act(8 * w, nn.ReLU),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8 * w, 16 * w, 3, padding=1),
+            *bn_act(16 * w, nn.ReLU),
+            nn.Dropout(0.2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(16 * w, 10),
+        )
+
+    if name == "resnet":
+
+        class Block(nn.Module):
+            def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+                super().__init__()
+                self.c1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+                self.b1 = nn.BatchNorm2d(c_out)
+                self.c2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+                self.b2 = nn.BatchNorm2d(c_out)
+                self.down = None
+                if stride != 1 or c_in != c_out:
+                    self.down = nn.Sequential(
+                        nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
+                    )
+
+            def forward(self, x: Any) -> Any:
+                y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+                return torch.relu(y + (x if self.down is None else self.down(x)))
+
+        class ResNet(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.stem = nn.Sequential(nn.Conv2d(3, 16 * w, 3, 1, 1), *bn_act(16 * w, nn.ReLU))
+                self.blocks = nn.Sequential(
+                    Block(16 * w, 16 * w, 1), Block(16 * w, 32 * w, 2), Block(32 * w, 32 * w, 1)
+                )
+                self.head = nn.Linear(32 * w, 10)
+
+            def forward(self, x: Any) -> Any:
+                return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+        return ResNet()
+
+    if name == "mobilenet":
+
+        class SE(nn.Module):
+            def __init__(self, c: int) -> None:
+                super().__init__()
+                self.f1, self.f2 = nn.Conv2d(c, c // 4, 1), nn.Conv2d(c // 4, c, 1)
+
+            def forward(self, x: Any) -> Any:
+                s = x.mean(dim=(2, 3), keepdim=True)
+                return x * nn.functional.hardsigmoid(self.f2(torch.relu(self.f1(s))))
+
+        class InvertedResidual(nn.Module):
+            def __init__(self, c: int, expand: int) -> None:
+                super().__init__()
+                h = c * expand
+                self.body = nn.Sequential(
+                    nn.Conv2d(c, h, 1, bias=False),
+                    *bn_act(h, nn.Hardswish),
+                    nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False),
+                    *bn_act(h, nn.Hardswish),
+                    SE(h),
+                    nn.Conv2d(h, c, 1, bias=False),
+                    nn.BatchNorm2d(c),
+                )
+
+            def forward(self, x: Any) -> Any:
+                return x + self.body(x)
+
+        return nn.Sequential(
+            nn.Conv2d(3, 16 * w, 3, 2, 1),
+            *bn_act(16 * w, nn.Hardswish),
+            InvertedResidual(16 * w, 4),
+            InvertedResidual(16 * w, 3),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(16 * w, 10),
+        )
+
+    if name == "inception":
+
+        class Inception(nn.Module):
+            def __init__(self, c: int) -> None:
+                super().__init__()
+                self.b1 = nn.Conv2d(c, 8 * w, 1)
+                self.b2 = nn.Sequential(
+                    nn.Conv2d(c, 8 * w, 1), nn.ReLU(), nn.Conv2d(8 * w, 8 * w, 3, padding=1)
+                )
+                self.b3 = nn.Sequential(
+                    nn.Conv2d(c, 4 * w, 1), nn.ReLU(), nn.Conv2d(4 * w, 8 * w, 5, padding=2)
+                )
+                self.b4 = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Conv2d(c, 8 * w, 1))
+
+            def forward(self, x: Any) -> Any:
+                branches = [self.b1(x), self.b2(x), self.b3(x), self.b4(x)]
+                return torch.relu(torch.cat(branches, 1))
+
+        return nn.Sequential(
+            nn.Conv2d(3, 16 * w, 3, padding=1),
+            nn.ReLU(),
+            Inception(16 * w),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(32 * w, 10),
+        )
+    raise ValueError(name)
+
+
+def n_params(net: Any) -> int:
+    return sum(int(p.numel()) for p in net.parameters())
+
+
+def export_cnn(name: str, w: int, out: Path) -> onnx.ModelProto:
+    """Random weights (seed 0, non-trivial BatchNorm statistics), exported and optimized."""
+    import torch
+    from zoo import ZOO
+
+    torch.manual_seed(0)
+    net = build(name, w)
+    if w == 1:
+        want = n_params(ZOO[name].build())
+        assert n_params(net) == want, f"{name}: {n_params(net)} parameters, the zoo has {want}"
+    net.eval()
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            assert m.running_mean is not None
+            assert m.running_var is not None
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    path = export_onnx(net, (torch.randn(2, 3, 224, 224),), out / f"{name}_x{w}.onnx", ["x"], ["y"])
+    optimized: onnx.ModelProto = optimize(onnx.load(str(path)), DEFAULT_PIPELINE)[0]
+    return optimized
+
+
+# --- timing --------------------------------------------------------------------------------
+
+
+def session(model: onnx.ModelProto, threads: int, profile: bool = False) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    opts.enable_profiling = profile
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def time_round_robin(
+    sessions: dict[str, ort.InferenceSession], feed: dict[str, Any], repeats: int, warmup: int
+) -> dict[str, float]:
+    """Median milliseconds per variant; one run of each variant per round."""
+    for sess in sessions.values():
+        for _ in range(warmup):
+            sess.run(None, feed)
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for _ in range(repeats):
+        for key, sess in sessions.items():
+            t0 = time.perf_counter()
+            sess.run(None, feed)
+            times[key].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def variants(explore: bool) -> dict[str, QuantConfig]:
+    out = {"u8s8": config_for("cpu"), "s8s8": config_for("tensorrt")}
+    if explore:
+        out["u8s8-8bit"] = QuantConfig("u8s8")
+        out["u8s8-tensor"] = QuantConfig("u8s8", per_channel=False, reduce_range=True)
+    return out
+
+
+def latency_rows(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    rows = []
+    configs = variants(args.explore)
+    feed = synthetic_calibration([INPUT], 1, seed=99)[0]
+    calib = synthetic_calibration([INPUT], CALIB_SAMPLES, seed=1)
+    for w in args.widths:
+        for name in args.models:
+            t0 = time.perf_counter()
+            fp32 = export_cnn(name, w, work)
+            models = {"fp32": fp32}
+            models.update({k: quantize_model(fp32, calib, c) for k, c in configs.items()})
+            sessions = {k: session(m, args.threads) for k, m in models.items()}
+            ms = time_round_robin(sessions, feed, args.repeats, args.warmup)
+            speedup = {k: ms["fp32"] / v for k, v in ms.items() if k != "fp32"}
+            best = max(speedup, key=lambda k: speedup[k])
+            row = {
+                "model": name,
+                "width": w,
+                "ms": ms,
+                "speedup": speedup,
+                "best": best,
+                "pass": speedup[best] >= TARGET_SPEEDUP,
+                "setup_s": time.perf_counter() - t0,
+            }
+            rows.append(row)
+            cells = "  ".join(
+                f"{k} {v:7.2f} ms ({speedup.get(k, 1.0):4.2f}x)" for k, v in ms.items()
+            )
+            print(f"  {name:<10} x{w}  {cells}", flush=True)
+    return rows
+
+
+def profile(name: str, threads: int, work: Path, top: int = 12) -> None:
+    """ORT's per-op-type kernel time of the fp32 and u8s8 model (10 runs)."""
+    fp32 = export_cnn(name, 1, work)
+    calib = synthetic_calibration([INPUT], CALIB_SAMPLES, seed=1)
+    feed = synthetic_calibration([INPUT], 1, seed=99)[0]
+    for label, model in (("fp32", fp32), ("u8s8", quantize_model(fp32, calib, config_for("cpu")))):
+        sess = session(model, threads, profile=True)
+        for _ in range(12):
+            sess.run(None, feed)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+        per_op: collections.Counter[str] = collections.Counter()
+        for e in events:
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+                per_op[e["args"]["op_name"]] += e["dur"]
+        total = sum(per_op.values()) / 12 / 1e3
+        print(f"\nprofile {name} x1 {label}: {total:.2f} ms per run in kernels")
+        for op, us in per_op.most_common(top):
+            print(f"  {op:<20}{us / 12 / 1e3:8.3f} ms")
+
+
+# --- digits --------------------------------------------------------------------------------
+
+
+def digits_rows(work: Path) -> list[dict[str, Any]]:
+    from splitinfer.models.digits import export_digits, load_digits_split, train_digits_cnn
+
+    x_train, _, x_test, y_test = load_digits_split(seed=0)
+    t0 = time.perf_counter()
+    net = train_digits_cnn(seed=0)
+    train_s = time.perf_counter() - t0
+    fp32 = onnx.load(str(export_digits(work / "digits.onnx", net=net)))
+    rng = np.random.default_rng(0)
+    picks = rng.choice(len(x_train), DIGITS_CALIB, replace=False)
+    calib = [{"x": x_train[i : i + 1]} for i in picks]
+    held = [{"x": x_test[i : i + 1]} for i in range(len(x_test))]
+    fp32_acc = accuracy(fp32, x_test, y_test, optimize=True)
+    print(f"  digits CNN trained in {train_s:.1f} s; fp32 test accuracy {fp32_acc:.4f}")
+    rows = []
+    for runtime in ("cpu", "tensorrt"):
+        cfg = config_for(runtime)
+        q = quantize_model(fp32, calib, cfg)
+        for kernels in ("int8", "reference"):
+            a = agreement(fp32, q, held, kernels=kernels)
+            row = {
+                "runtime": runtime,
+                "config": asdict(cfg),
+                "kernels": kernels,
+                "fp32_accuracy": fp32_acc,
+                "int8_accuracy": accuracy(q, x_test, y_test, optimize=kernels == "int8"),
+                "agreement": asdict(a),
+                "pass": a.value >= TARGET_AGREEMENT,
+            }
+            rows.append(row)
+    return rows
+
+
+def accuracy(model: onnx.ModelProto, x: Any, y: Any, optimize: bool) -> float:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    logits = sess.run(None, {"x": x})[0]
+    return float(np.mean(logits.argmax(1) == y))
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def cpu_summary() -> str:
+    flags: set[str] = set()
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name") and name in ("", platform.machine()):
+                name = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
+    return f"{name}, {os.cpu_count()} CPUs, {' '.join(isa) or 'no AVX2'}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer repeats, zoo widths only")
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    p.add_argument("--repeats", type=int, default=15, help="timed rounds (median)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
+    p.add_argument("--widths", default="1,4", help="channel multipliers, e.g. 1,4")
+    p.add_argument("--models", default=",".join(MODELS), help="subset of " + ",".join(MODELS))
+    p.add_argument("--explore", action="store_true", help="also time other u8s8 settings")
+    p.add_argument("--profile", choices=MODELS, help="per-op times of one model, fp32 vs u8s8")
+    p.add_argument("--no-digits", action="store_true", help="skip the digits agreement part")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.widths = min(args.repeats, 5), "1"
+    args.widths = [int(w) for w in str(args.widths).split(",")]
+    args.models = [m for m in str(args.models).split(",") if m]
+    unknown = sorted(set(args.models) - set(MODELS))
+    if unknown:
+        p.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    t_start = time.perf_counter()
+    print(f"CPU: {cpu_summary()}; onnxruntime {ort.__version__}; {args.threads} thread(s)")
+    print(
+        f"latency at 1x3x224x224, ORT_ENABLE_ALL, median of {args.repeats} round-robin runs "
+        f"after {args.warmup} warm-up runs; u8s8 = config_for('cpu'), s8s8 = "
+        "config_for('tensorrt')",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-int8-") as tmp:
+        work = Path(tmp)
+        rows = latency_rows(args, work)
+        if args.profile:
+            profile(args.profile, args.threads, work)
+        digits = [] if args.no_digits else digits_rows(work)
+
+    print(f"\n{'model':<11}{'width':>5}{'fp32 ms':>10}", end="")
+    keys = [k for k in rows[0]["ms"] if k != "fp32"]
+    print("".join(f"{k + ' ms':>15}{'fp32/' + k:>17}" for k in keys) + "  verdict")
+    for r in rows:
+        line = f"{r['model']:<11}{'x' + str(r['width']):>5}{r['ms']['fp32']:>10.2f}"
+        line += "".join(f"{r['ms'][k]:>15.2f}{r['speedup'][k]:>16.2f}x" for k in keys)
+        verdict = "PASS" if r["pass"] else "FAIL"
+        print(f"{line}  {verdict} (best {r['best']} {r['speedup'][r['best']]:.2f}x)")
+    ok = True
+    for w in args.widths:
+        group = [r for r in rows if r["width"] == w]
+        passed = sum(r["pass"] for r in group)
+        verdict = "PASS" if passed == len(group) else "FAIL"
+        ok &= w != 1 or passed == len(group)
+        label = "the zoo's widths" if w == 1 else f"channels x{w}"
+        print(
+            f"{verdict}: int8 >= {TARGET_SPEEDUP:.1f}x fp32 at 224x224, {label}: "
+            f"{passed}/{len(group)} models"
+        )
+    if digits:
+        # the deployed combinations: the CPU edge on this CPU's kernels, TensorRT on exact
+        # math (its engine accumulates in int32; this CPU's kernels without VNNI saturate)
+        deployed = {("cpu", "int8"), ("tensorrt", "reference")}
+        print(f"\ndigits CNN, {DIGITS_CALIB} calibration samples ('info': not how it deploys):")
+        for d in digits:
+            a = d["agreement"]
+            verdict = "PASS" if d["pass"] else "FAIL"
+            if (d["runtime"], d["kernels"]) not in deployed:
+                verdict = "info"
+            print(
+                f"  {verdict}: {d['runtime']:<8} ({d['config']['activations']}, reduce_range="
+                f"{d['config']['reduce_range']}) on {d['kernels']:<9} kernels: fp32 acc "
+                f"{d['fp32_accuracy']:.4f}, int8 acc {d['int8_accuracy']:.4f}, top-1 agreement "
+                f"{a['value']:.4f} (target {TARGET_AGREEMENT}) over {a['samples']} test samples"
+            )
+        ok &= all(d["pass"] for d in digits if (d["runtime"], d["kernels"]) in deployed)
+    total = time.perf_counter() - t_start
+    print(f"total {total:.1f} s")
+    if args.json is not None:
+        doc = {"cpu": cpu_summary(), "threads": args.threads, "repeats": args.repeats}
+        doc |= {"latency": rows, "digits": digits, "pass": ok, "total_s": total}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
