@@ -2,27 +2,48 @@
 
     partition MODEL.onnx --list-cuts [--json]
     partition MODEL.onnx --split CUT -o DIR
+    partition MODEL.onnx --split auto -o DIR [--edge-profile P] [--uplink 5mbit] ...
 
-CUT is an id from the table (``c3``), ``none`` (all cloud), ``all`` (all edge)
-or comma-separated tensor names.
+CUT is an id from the table (``c3``), ``none`` (all cloud), ``all`` (all edge),
+comma-separated tensor names, or ``auto``: the cost model picks it (see
+``partitioner/auto.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from splitinfer import __version__
 from splitinfer.partitioner.cuts import DEFAULT_MAX_CUTS, CutPlan
 from splitinfer.partitioner.loader import parse_input_shapes
-from splitinfer.partitioner.pipeline import Prepared, prepare, stderr_progress, write_package
+from splitinfer.partitioner.pipeline import (
+    PackageExtras,
+    Prepared,
+    Progress,
+    artifacts_for,
+    io_spec,
+    prepare,
+    stderr_progress,
+    write_package,
+)
 from splitinfer.shared.cli import run_cli
+from splitinfer.shared.costs import Constraints
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.links import Link, parse_duration, parse_rate
 
-PRECISIONS = ("fp32",)  # int8 and fp16 edge segments arrive with --split auto
+if TYPE_CHECKING:
+    from splitinfer.partitioner.auto import AutoOptions
+
+PRECISIONS = ("int8", "fp16", "fp32")
+OBJECTIVES = ("latency", "edge-energy", "cloud-cost")
+_SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20}
+_SIZE["gib"] = 2**30
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,7 +74,77 @@ def build_parser() -> argparse.ArgumentParser:
         help="fix an input's free dimensions for analysis (repeatable); the leading "
         "dimension is the batch, which stays free in the written segments",
     )
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="segment precision")
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="edge segment precision (default: int8 with --split auto, else fp32); "
+        "int8 is QDQ ONNX that ONNX Runtime runs and TensorRT builds its engine from",
+    )
+    auto = p.add_argument_group("--split auto: the cost model and its inputs")
+    auto.add_argument(
+        "--edge-profile",
+        metavar="NAME|FILE",
+        help="built-in device profile "
+        "or a measured profile JSON (default: measure on this machine)",
+    )
+    auto.add_argument("--cloud-profile", metavar="NAME|FILE", help="likewise for the cloud")
+    auto.add_argument("--uplink", default="5mbit", help="uplink rate (default 5mbit)")
+    auto.add_argument("--downlink", default="20mbit", help="downlink rate (default 20mbit)")
+    auto.add_argument("--rtt", default="50ms", help="round-trip time (default 50ms)")
+    auto.add_argument(
+        "--trace",
+        type=Path,
+        metavar="FILE",
+        help="Mahimahi uplink trace: plan on its capacity distribution",
+    )
+    auto.add_argument("--objective", choices=OBJECTIVES, default="latency")
+    auto.add_argument("--edge-memory", metavar="SIZE", help="edge memory budget, e.g. 512MB")
+    auto.add_argument("--max-latency", metavar="DURATION", help="p95 latency bound, e.g. 80ms")
+    auto.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        metavar="FRACTION",
+        help="largest top-1 drop vs the fp32 model (e.g. 0.01), privacy included",
+    )
+    auto.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="DIR",
+        help="folder of .npy/.npz samples (default: synthetic data, with a warning)",
+    )
+    auto.add_argument(
+        "--calibration-method", choices=("minmax", "entropy", "percentile"), default="minmax"
+    )
+    auto.add_argument(
+        "--min-agreement",
+        type=float,
+        metavar="FRACTION",
+        help="fail unless the chosen cut keeps this agreement with fp32",
+    )
+    auto.add_argument(
+        "--candidates",
+        type=int,
+        default=1,
+        metavar="K",
+        help="also package the cuts best across link speeds, K in all",
+    )
+    auto.add_argument("--epsilon", type=float, help="per-request DP epsilon of the cut tensors")
+    auto.add_argument("--delta", type=float, default=1e-5, help="DP delta (default 1e-5)")
+    auto.add_argument("--clip", type=float, help="L2 clip norm C of each sample's activation")
+    auto.add_argument(
+        "--bottleneck",
+        type=int,
+        metavar="K",
+        help="with --epsilon: PCA-project single-tensor cuts to K dims first",
+    )
+    auto.add_argument(
+        "--edge-fallback",
+        action="store_true",
+        help="also package the whole model for the edge to run when no cloud answers",
+    )
+    auto.add_argument(
+        "--report", type=Path, metavar="PNG", help="draw the per-cut edge/transfer/cloud bar chart"
+    )
     p.add_argument(
         "--max-cuts",
         type=int,
@@ -119,8 +210,21 @@ def _main(argv: Sequence[str] | None) -> int:
         else:
             print(format_table(prepared, prepared.space.plans()))
         return 0
+    if args.split == "auto":
+        return _auto(args, prepared, progress)
+    _refuse_auto_only(args)
     plan = prepared.space.find(args.split)
-    manifest = write_package(prepared, plan, args.output, progress=progress)
+    art = artifacts_for(prepared, plan)
+    precision = args.precision or "fp32"
+    if precision != "fp32" and art.edge is not None:
+        from splitinfer.partitioner.auto import AutoOptions, _convert
+
+        opts = AutoOptions(link=Link.fixed(1e6, 1e6), precision=precision)
+        samples = _calibration(args, prepared)
+        art.edge = _convert(art.edge, opts, samples)
+        art.edge_precision = precision
+    extras = PackageExtras(fallback=prepared.optimized if args.edge_fallback else None)
+    manifest = write_package(prepared, [art], args.output, extras=extras, progress=progress)
     cut = manifest.cut
     sides = ", ".join(
         f"{seg.file} {seg.nodes} nodes" for seg in (cut.edge, cut.cloud) if seg is not None
@@ -132,6 +236,135 @@ def _main(argv: Sequence[str] | None) -> int:
         f"({sides})"
     )
     return 0
+
+
+def _warn(message: str) -> None:
+    print(f"partition: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?[bB]|[bB])?\s*", text)
+    if not m:
+        raise ConfigError(f"--edge-memory {text!r}: use a byte count like 512MB, 2GiB or 800000")
+    return int(float(m.group(1)) * _SIZE[(m.group(2) or "").lower()])
+
+
+def _refuse_auto_only(args: argparse.Namespace) -> None:
+    only = (
+        "edge_profile",
+        "cloud_profile",
+        "trace",
+        "edge_memory",
+        "max_latency",
+        "report",
+        "max_accuracy_drop",
+        "min_agreement",
+        "epsilon",
+        "clip",
+        "bottleneck",
+    )
+    given = [f"--{n.replace('_', '-')}" for n in only if getattr(args, n) is not None]
+    if args.candidates != 1:
+        given.append("--candidates")
+    if given:
+        raise ConfigError(f"{', '.join(given)} go(es) with --split auto")
+
+
+def _calibration(args: argparse.Namespace, prepared: Prepared) -> list[dict[str, Any]]:
+    from splitinfer.partitioner.calibration import load_calibration, synthetic_calibration
+
+    a = prepared.analysis
+    inputs = [io_spec(vi) for vi in a.model.graph.input if vi.name in a.inputs]
+    if args.calibration is not None:
+        return load_calibration(args.calibration, inputs, a.batch_symbol)
+    _warn("no --calibration folder: calibrating on SYNTHETIC random inputs")
+    shapes = {k: (1, *v) for k, v in a.sample_input_shapes.items()}
+    return synthetic_calibration(inputs, 64, 0, shapes)
+
+
+def _options(args: argparse.Namespace) -> AutoOptions:
+    from splitinfer.partitioner.auto import AutoOptions
+    from splitinfer.partitioner.dp import privacy_spec
+
+    if args.trace is not None:
+        link = Link.from_trace(
+            args.trace, rtt_s=parse_duration(args.rtt), downlink_bps=parse_rate(args.downlink)
+        )
+    else:
+        link = Link.fixed(args.uplink, args.downlink, args.rtt)
+    privacy = None
+    if args.epsilon is not None or args.clip is not None:
+        if args.epsilon is None or args.clip is None:
+            raise ConfigError("privacy needs both --epsilon and --clip (and optionally --delta)")
+        privacy = privacy_spec(args.epsilon, args.delta, args.clip)
+    constraints = Constraints(
+        edge_memory_bytes=_size(args.edge_memory) if args.edge_memory else None,
+        max_latency_s=parse_duration(args.max_latency) if args.max_latency else None,
+        max_accuracy_drop=args.max_accuracy_drop,
+    )
+    return AutoOptions(
+        link=link,
+        edge_profile=args.edge_profile,
+        cloud_profile=args.cloud_profile,
+        objective=args.objective,
+        constraints=constraints,
+        precision=args.precision or "int8",
+        calibration=args.calibration,
+        calibration_method=args.calibration_method,
+        min_agreement=args.min_agreement,
+        candidates=args.candidates,
+        privacy=privacy,
+        bottleneck=args.bottleneck,
+    )
+
+
+def _auto(args: argparse.Namespace, prepared: Prepared, progress: Progress) -> int:
+    from splitinfer.partitioner.auto import auto_split
+
+    opts = _options(args)
+    result = auto_split(prepared, opts, progress, _warn)
+    extras = result.extras
+    if args.edge_fallback:
+        extras.fallback = prepared.optimized
+    manifest = write_package(
+        prepared, result.artifacts, args.output, extras=extras, progress=progress
+    )
+    print(format_costs(result.table, limit=12))
+    c = result.chosen
+    others = [x.plan.id for x in result.artifacts[1:]]
+    print(
+        f"chose {c.cut_id} ({c.kind}) for {opts.link.describe()} by {opts.objective}: "
+        f"edge {c.edge_s * 1e3:.2f} ms, {c.up_bytes:,} B up, cloud {c.cloud_s * 1e3:.2f} ms"
+        + (f"; run-time candidates {', '.join(others)}" if others else "")
+        + f" -> {args.output} ({len(manifest.cuts)} cut(s))"
+    )
+    if args.report is not None:
+        from splitinfer.partitioner.report import draw_report
+
+        draw_report(
+            result.table,
+            c.cut_id,
+            args.report,
+            f"{prepared.source.path.name} at {opts.link.describe()}",
+        )
+        print(f"report: {args.report}")
+    return 0
+
+
+def format_costs(rows: list[dict[str, Any]], limit: int = 12) -> str:
+    """The candidate table: predicted milliseconds per side, bytes up, chosen cut marked."""
+    ordered = sorted(rows, key=lambda r: r["total_ms"])[:limit]
+    lines = [
+        f"{'':2}{'cut':>6} {'edge ms':>9} {'transfer ms':>12} {'cloud ms':>9} "
+        f"{'total ms':>9} {'bytes up':>10}"
+    ]
+    for r in ordered:
+        flag = "*" if r.get("chosen") else ""
+        lines.append(
+            f"{flag:2}{r['cut']:>6} {r['edge_ms']:>9.2f} {r['transfer_ms']:>12.2f} "
+            f"{r['cloud_ms']:>9.2f} {r['total_ms']:>9.2f} {r['up_bytes']:>10,}"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

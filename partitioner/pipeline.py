@@ -76,7 +76,8 @@ def prepare(
     return Prepared(source, optimized, reports, analysis, space)
 
 
-def _spec(analysis: GraphAnalysis, name: str) -> TensorSpec:
+def tensor_spec(analysis: GraphAnalysis, name: str) -> TensorSpec:
+    """The manifest spec of a tensor of the analysed graph (batch dim symbolic)."""
     info = analysis.tensors[name]
     if info.batched:
         sym = info.symbolic
@@ -87,7 +88,8 @@ def _spec(analysis: GraphAnalysis, name: str) -> TensorSpec:
     return TensorSpec(name, info.dtype, tuple(info.sample_shape))
 
 
-def _io_spec(vi: onnx.ValueInfoProto) -> TensorSpec:
+def io_spec(vi: onnx.ValueInfoProto) -> TensorSpec:
+    """The manifest spec of a graph input or output."""
     elem = vi.type.tensor_type.elem_type
     dtype = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)))
     dims = tuple(d if d is not None else "?" for d in dims_of(vi))
@@ -111,6 +113,10 @@ class CutArtifacts:
     quant: dict[str, QuantSpec] = field(default_factory=dict)
     predicted: dict[str, Any] = field(default_factory=dict)
     quality: dict[str, Any] = field(default_factory=dict)
+    #: The crossing tensors when a segment rewrite changed them (e.g. a bottleneck).
+    tensors: tuple[TensorSpec, ...] | None = None
+    #: Extra files of this cut (package-relative name -> bytes), e.g. its zstd dictionary.
+    files: dict[str, bytes] = field(default_factory=dict)
 
 
 def artifacts_for(prepared: Prepared, plan: CutPlan) -> CutArtifacts:
@@ -164,7 +170,7 @@ def _cut_entry(prepared: Prepared, art: CutArtifacts, root: Path, folder: Path) 
     return Cut(
         id=plan.id,
         kind=plan.kind,
-        tensors=tuple(_spec(a, n) for n in plan.crossing),
+        tensors=art.tensors or tuple(tensor_spec(a, n) for n in plan.crossing),
         rematerialized=plan.remat,
         bytes_per_sample=plan.bytes_per_sample,
         edge_flops=plan.edge_flops,
@@ -194,8 +200,8 @@ def build_manifest(
         source_sha256=prepared.source.sha256,
         opset=int(opset),
         batch_dim=a.batch_symbol,
-        inputs=tuple(_io_spec(inputs[n]) for n in a.inputs),
-        outputs=tuple(_io_spec(outputs[n]) for n in a.outputs),
+        inputs=tuple(io_spec(inputs[n]) for n in a.inputs),
+        outputs=tuple(io_spec(outputs[n]) for n in a.outputs),
         default_cut=default_cut,
         cuts=tuple(cuts),
         fallback=fallback,
@@ -253,7 +259,10 @@ def write_package(
             onnx.checker.check_model(extras.fallback)
             onnx.save(extras.fallback, str(tmp / "full.onnx"))
             fallback = _segment(tmp / "full.onnx", tmp, extras.fallback_precision)
-        for name, data in extras.files.items():
+        extra_files = dict(extras.files)
+        for art in arts:
+            extra_files.update(art.files)
+        for name, data in extra_files.items():
             path = resolve_file(tmp, name)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
