@@ -200,6 +200,8 @@ def _main(argv: Sequence[str] | None) -> int:
         raise ConfigError("--split needs -o/--output DIR")
     if args.list_cuts and args.output is not None:
         raise ConfigError("-o/--output goes with --split, not --list-cuts")
+    if args.list_cuts and (args.precision is not None or args.edge_fallback):
+        raise ConfigError("--precision and --edge-fallback go with --split, not --list-cuts")
     progress = (lambda _m: None) if args.quiet else stderr_progress
     shapes = parse_input_shapes(args.input_shape)
     prepared = prepare(args.model, shapes, max_cuts=args.max_cuts, progress=progress)
