@@ -1,0 +1,162 @@
+"""``edge-agent``: the daemon, and ``edge-agent profile`` for per-node times.
+
+    edge-agent --package DIR --cloud URL[,URL...] [--listen 127.0.0.1:PORT]
+               [--credentials FILE] [--device-id ID] [--config FILE]
+               [--model NAME[:VERSION]] [--ca-file F] [--<section>-<option> VALUE ...]
+    edge-agent profile --package DIR -o profile.json [--batch 1,4] [--runs 10]
+
+Every option of :class:`~splitinfer.edge.config.EdgeConfig` is a flag; a TOML
+``--config`` file sets the same names and flags override it. The daemon prints
+``edge-agent: listening on http://HOST:PORT`` once it serves (the real port
+when ``--listen`` gives port 0) and stops cleanly on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from splitinfer import __version__
+from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args, load_toml
+from splitinfer.shared.cli import run_cli
+from splitinfer.shared.errors import ConfigError
+
+PROG = "edge-agent"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Run the device half of split models: a local HTTP API that answers "
+        "with the package's edge segment and a cloud service.",
+        epilog="Subcommand: edge-agent profile --package DIR -o profile.json "
+        "(per-node latency on this device, for partition --edge-profile).",
+    )
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML file with these options")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
+    p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
+    add_flags(p)
+    return p
+
+
+def profile_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=f"{PROG} profile",
+        description="Measure per-node latency of the package's model on this device, in the "
+        "format partition --edge-profile reads.",
+    )
+    p.add_argument("--package", type=Path, required=True, metavar="DIR", help="split package")
+    p.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
+    p.add_argument(
+        "--batch", default="1", metavar="B[,B...]", help="batch sizes to measure (default 1)"
+    )
+    p.add_argument("--runs", type=int, default=10, help="measured runs per batch (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up runs per batch (default 3)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ORT's)")
+    p.add_argument(
+        "--runtime-provider",
+        default="cpu",
+        choices=("cpu", "cuda", "tensorrt", "auto"),
+        help="the provider to measure on (default cpu)",
+    )
+    return p
+
+
+def resolve(argv: Sequence[str] | None) -> tuple[EdgeConfig, argparse.Namespace]:
+    """The daemon's config from the command line (and its --config file)."""
+    args = build_parser().parse_args(argv)
+    base = load_toml(args.config) if args.config is not None else {}
+    config = config_from_args(args, base)
+    if not config.cloud:
+        raise ConfigError(
+            "no cloud endpoint: give --cloud URL[,URL...] (or cloud = [...] in --config)"
+        )
+    return config, args
+
+
+async def serve(config: EdgeConfig) -> None:
+    """Run the agent until SIGTERM/SIGINT; print the address it listens on."""
+    from aiohttp import web
+
+    from splitinfer.edge.agent import create_app
+
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    host, port = config.host_port
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    for addr in runner.addresses:
+        h, p = addr[0], addr[1]
+        shown = f"[{h}]" if ":" in h else h
+        print(f"{PROG}: listening on http://{shown}:{p}", file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        print(f"{PROG}: stopping", file=sys.stderr, flush=True)
+        await runner.cleanup()
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "profile":
+        return profile(args[1:])
+    config, ns = resolve(args)
+    logging.basicConfig(
+        level=ns.log_level.upper(), format=f"{PROG}: %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(serve(config))
+    return 0
+
+
+def profile(argv: Sequence[str]) -> int:
+    """``edge-agent profile``: measure, merge and write a node profile."""
+    from splitinfer.edge.profile import profile_package
+
+    args = profile_parser().parse_args(argv)
+    try:
+        batches = tuple(int(b) for b in args.batch.split(",") if b.strip())
+    except ValueError:
+        raise ConfigError(f"--batch {args.batch!r}: give batch sizes like 1,4") from None
+    result: Any = profile_package(
+        args.package,
+        batch_sizes=batches,
+        runs=args.runs,
+        warmup=args.warmup,
+        threads=args.threads,
+        provider=args.runtime_provider,
+    )
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    result.profile.save(args.output)
+    total = sum(result.profile.times[batches[0]].values())
+    print(
+        f"{PROG} profile: {len(result.profile.nodes)} nodes of {result.measured} on "
+        f"{result.profile.device}: {total * 1e3:.3f} ms at batch {batches[0]} -> {args.output}"
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(PROG, _main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

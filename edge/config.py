@@ -1,0 +1,493 @@
+"""The edge agent's configuration: frozen dataclasses, a TOML file, and flags.
+
+Every option is defined once, here, with a one-line docstring comment. The
+``edge-agent`` command line is generated from these classes (``--runtime-provider``
+for ``runtime.provider``), a TOML ``--config`` file sets the same names
+(``[runtime] provider = "cuda"``), and flags override the file. Each class
+checks its values in ``__post_init__`` and names the value and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from splitinfer.shared.errors import ConfigError
+
+PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
+ON_EXHAUSTED = ("local", "refuse")
+DEFAULT_LISTEN = "127.0.0.1:8480"
+
+
+def _positive(where: str, value: float, fix: str) -> None:
+    if isinstance(value, bool) or not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{where}={value!r} must be a number > 0; {fix}")
+
+
+def _at_least(where: str, value: int, low: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{where}={value!r} must be an integer >= {low}; {fix}")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Which ONNX Runtime execution provider runs the segments, and how."""
+
+    #: auto (TensorRT on Jetson, CUDA where present, else CPU), cpu, cuda or tensorrt.
+    provider: str = "auto"
+    #: Intra-op threads of each session; 0 lets ONNX Runtime decide.
+    threads: int = 0
+    #: Let ONNX Runtime's idle intra-op threads spin (lower latency for the segment, but
+    #: they burn the cores the agent encodes on right after each run).
+    spin: bool = False
+    #: CUDA device index for the cuda and tensorrt providers.
+    gpu: int = 0
+    #: Folder of the TensorRT engine cache (default: $STATE_DIRECTORY/trt-cache, else
+    #: ~/.cache/splitinfer/trt).
+    trt_cache_dir: Path | None = None
+    #: Let TensorRT use fp16 kernels.
+    trt_fp16: bool = True
+    #: Let TensorRT run the int8 (Q/DQ) segments in int8.
+    trt_int8: bool = True
+    #: TensorRT builder workspace, MiB.
+    trt_workspace_mb: int = 1024
+    #: Check every package file against its sha256 at start.
+    verify: bool = True
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise ConfigError(
+                f"runtime.provider={self.provider!r} is unknown; use one of {', '.join(PROVIDERS)}"
+            )
+        _at_least("runtime.threads", self.threads, 0, "0 lets ONNX Runtime choose")
+        _at_least("runtime.gpu", self.gpu, 0, "give the CUDA device index, e.g. 0")
+        _at_least("runtime.trt_workspace_mb", self.trt_workspace_mb, 16, "e.g. 1024")
+
+
+@dataclass(frozen=True)
+class UplinkConfig:
+    """How frames travel to the cloud: timeouts, retries, failover, health checks."""
+
+    #: Seconds one attempt may take (capped by the request's deadline).
+    timeout_s: float = 5.0
+    #: Seconds to open a connection.
+    connect_timeout_s: float = 2.0
+    #: Connections open at once, over all endpoints (requests beyond wait for one).
+    max_connections: int = 8
+    #: Attempts per request over all endpoints, the first included.
+    max_attempts: int = 3
+    #: Base of the jittered exponential backoff between attempts, seconds.
+    backoff_s: float = 0.05
+    #: Largest backoff, seconds.
+    backoff_max_s: float = 1.0
+    #: Consecutive failures that open an endpoint's circuit breaker.
+    breaker_failures: int = 3
+    #: Seconds an open breaker waits before a health check may close it.
+    breaker_reset_s: float = 5.0
+    #: Seconds between health checks (GET /healthz) of the endpoints.
+    health_interval_s: float = 2.0
+    #: Largest response body accepted from the cloud, bytes.
+    max_response_bytes: int = 64 * 2**20
+    #: X-Splitinfer-Priority sent with every request (0..9; unset: the cloud's default, 5).
+    priority: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "connect_timeout_s", "backoff_max_s", "breaker_reset_s"):
+            _positive(f"uplink.{name}", getattr(self, name), "give seconds, e.g. 2")
+        _positive("uplink.health_interval_s", self.health_interval_s, "give seconds, e.g. 2")
+        if isinstance(self.backoff_s, bool) or not (
+            math.isfinite(self.backoff_s) and self.backoff_s >= 0
+        ):
+            raise ConfigError(f"uplink.backoff_s={self.backoff_s!r} must be seconds >= 0")
+        _at_least("uplink.max_connections", self.max_connections, 1, "e.g. 8")
+        _at_least("uplink.max_attempts", self.max_attempts, 1, "e.g. 3")
+        _at_least("uplink.breaker_failures", self.breaker_failures, 1, "e.g. 3")
+        _at_least("uplink.max_response_bytes", self.max_response_bytes, 1024, "e.g. 67108864")
+        if self.priority is not None and (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or not 0 <= self.priority <= 9
+        ):
+            raise ConfigError(f"uplink.priority={self.priority!r} must be an integer 0..9")
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """Link estimation and run-time cut switching."""
+
+    #: Switch among the package's candidate cuts at run time.
+    enabled: bool = True
+    #: Pin one cut id (switching off); unset: the chooser decides, starting at the default.
+    cut: str | None = None
+    #: A cut must be predicted this fraction faster than the current one to switch to it.
+    hysteresis: float = 0.15
+    #: Requests to stay on a cut before switching again (a change of cloud load excepted).
+    min_dwell: int = 10
+    #: Cloud load (0..1, EWMA) at which the agent counts the cloud as overloaded.
+    load_high: float = 0.8
+    #: Load at which an overloaded cloud counts as clear again.
+    load_low: float = 0.5
+    #: While overloaded, the cloud part of each prediction is multiplied by this.
+    load_factor: float = 4.0
+    #: Without a new answer from the cloud, the load estimate halves every this many seconds.
+    load_half_life_s: float = 30.0
+    #: Predict with this device's measured edge-segment times instead of the package's.
+    measured_edge: bool = True
+    #: Weight of a new sample in the load and edge-time estimates (EWMA), 0..1.
+    alpha: float = 0.2
+    #: Half-life of a transfer's or health check's weight in the link estimate, seconds.
+    link_half_life_s: float = 10.0
+    #: The uplink rate is measured only once an upload of at least this many bytes is seen.
+    min_rate_bytes: int = 8192
+    #: Uplink rate before any transfer is measured (default: the package's planning link,
+    #: else 10mbit), e.g. 5mbit.
+    prior_uplink: str | None = None
+    #: Downlink rate; never measured (answers are small), e.g. 50mbit (default: the
+    #: planning link's, else 50mbit).
+    prior_downlink: str | None = None
+    #: Round trip time before any is measured (default: the planning link's, else 50ms).
+    prior_rtt: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("hysteresis", "load_high", "load_low"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (math.isfinite(value) and 0 <= value <= 1):
+                raise ConfigError(f"adapt.{name}={value!r} must be a number in [0, 1]")
+        if self.load_low > self.load_high:
+            raise ConfigError(
+                f"adapt.load_low={self.load_low} is above adapt.load_high={self.load_high}; "
+                "the load must clear below the level that marks it high"
+            )
+        _at_least("adapt.min_dwell", self.min_dwell, 0, "e.g. 10 requests")
+        _positive("adapt.load_half_life_s", self.load_half_life_s, "give seconds, e.g. 30")
+        _positive("adapt.link_half_life_s", self.link_half_life_s, "give seconds, e.g. 10")
+        _at_least("adapt.min_rate_bytes", self.min_rate_bytes, 1, "e.g. 8192")
+        if isinstance(self.load_factor, bool) or not (
+            math.isfinite(self.load_factor) and self.load_factor >= 1
+        ):
+            raise ConfigError(f"adapt.load_factor={self.load_factor!r} must be a number >= 1")
+        if isinstance(self.alpha, bool) or not (math.isfinite(self.alpha) and 0 < self.alpha <= 1):
+            raise ConfigError(f"adapt.alpha={self.alpha!r} must be a number in (0, 1]")
+        from splitinfer.shared.links import parse_duration, parse_rate
+
+        for rate in (self.prior_uplink, self.prior_downlink):
+            if rate is not None:
+                parse_rate(rate)
+        if self.prior_rtt is not None:
+            parse_duration(self.prior_rtt)
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The local API's admission: bounded work, never an unbounded queue."""
+
+    #: Requests processed at once (segments, encoding, uplink).
+    max_concurrency: int = 4
+    #: Requests waiting beyond those; more are refused with 503 at once.
+    max_queue: int = 64
+    #: Largest request body from an application, bytes (413 beyond).
+    max_body_bytes: int = 64 * 2**20
+    #: Seconds a request may take end to end unless it sends X-Splitinfer-Timeout-Ms.
+    request_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        _at_least("queue.max_concurrency", self.max_concurrency, 1, "e.g. 4")
+        _at_least("queue.max_queue", self.max_queue, 0, "e.g. 64")
+        _at_least("queue.max_body_bytes", self.max_body_bytes, 1024, "e.g. 67108864")
+        _positive("queue.request_timeout_s", self.request_timeout_s, "give seconds, e.g. 10")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """The per-device privacy budget, for packages that add noise (``manifest.privacy``)."""
+
+    #: Largest epsilon this device may spend per window; unset: no budget is enforced.
+    budget_epsilon: float | None = None
+    #: Window length of the budget, seconds (tumbling).
+    budget_window_s: float = 3600.0
+    #: Delta at which the window's epsilon is measured (default: the package's delta).
+    budget_delta: float | None = None
+    #: Beyond the budget: local (answer from the device's own model) or refuse (429).
+    on_exhausted: str = "local"
+    #: opacus accountant that composes the releases: prv or rdp.
+    accountant: str = "prv"
+
+    def __post_init__(self) -> None:
+        if self.budget_epsilon is not None:
+            _positive("privacy.budget_epsilon", self.budget_epsilon, "e.g. 8")
+        _positive("privacy.budget_window_s", self.budget_window_s, "e.g. 3600")
+        if self.budget_delta is not None and not 0 < self.budget_delta < 1:
+            raise ConfigError(f"privacy.budget_delta={self.budget_delta!r} must be in (0, 1)")
+        if self.on_exhausted not in ON_EXHAUSTED:
+            raise ConfigError(
+                f"privacy.on_exhausted={self.on_exhausted!r}; use one of {ON_EXHAUSTED}"
+            )
+        if self.accountant not in ("prv", "rdp"):
+            raise ConfigError(f"privacy.accountant={self.accountant!r}; use prv or rdp")
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """Everything ``edge-agent`` runs with."""
+
+    #: The split package folder.
+    package: Path
+    #: Cloud service base URLs, tried in this order (http://host:port or https://...).
+    cloud: tuple[str, ...] = ()
+    #: HOST:PORT of the local API.
+    listen: str = DEFAULT_LISTEN
+    #: TOML credential file holding this device's key (see docs/auth.md).
+    credentials: Path | None = None
+    #: Device id in the credential file (default: the only device in it).
+    device_id: str | None = None
+    #: NAME[:VERSION] to ask the cloud for (default: the package's model, any version).
+    model: str | None = None
+    #: PEM file of the CA that signed the cloud's certificate (default: system CAs).
+    ca_file: Path | None = None
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    uplink: UplinkConfig = field(default_factory=UplinkConfig)
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "package", Path(self.package))
+        object.__setattr__(self, "cloud", tuple(self.cloud))
+        for url in self.cloud:
+            check_url(url)
+        if len(set(self.cloud)) != len(self.cloud):
+            raise ConfigError(f"cloud: {list(self.cloud)} lists an endpoint twice")
+        parse_listen(self.listen)
+        if self.model is not None:
+            parse_model(self.model)
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+
+def check_url(url: str) -> str:
+    """A cloud base URL, checked: http(s), a host, no query or fragment."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"cloud URL {url!r} is not http(s)://HOST[:PORT]; e.g. https://cloud.example:8443"
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(f"cloud URL {url!r}: remove the query or fragment")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ConfigError(f"cloud URL {url!r}: the port is not a number 1..65535") from None
+    return url
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8480`` for IPv6) as (host, port); port 0 picks a free one."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"listen={text!r} is not HOST:PORT, e.g. 127.0.0.1:8480")
+    return host, int(port)
+
+
+def parse_model(text: str) -> tuple[str, str]:
+    """``NAME[:VERSION]`` as (name, version); an empty version lets the cloud choose."""
+    name, _, version = text.partition(":")
+    if not name or any(c in name for c in "/?#% "):
+        raise ConfigError(f"model={text!r} is not NAME[:VERSION], e.g. demo_cnn:3")
+    if any(c in version for c in "/?#% :"):
+        raise ConfigError(f"model={text!r}: the version {version!r} has a bad character")
+    return name, version
+
+
+# -- generic mapping of the dataclasses to TOML and flags -------------------------------
+
+_SECTIONS = ("runtime", "uplink", "adapt", "queue", "privacy")
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0], True
+    return tp, False
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """A TOML value as the field's type; ConfigError naming the key if it does not fit."""
+    base, optional = _unwrap_optional(tp)
+    if value is None and optional:
+        return None
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+    elif base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif base is str:
+        if isinstance(value, str):
+            return value
+    elif base is Path:
+        if isinstance(value, Path) or (isinstance(value, str) and value):
+            return Path(value)
+    elif typing.get_origin(base) is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+    kind = getattr(base, "__name__", str(base))
+    raise ConfigError(f"{where}: {value!r} is not a {kind}")
+
+
+def _section(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    hints = _hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}{unknown[0]}: unknown option; known: {', '.join(sorted(known))}")
+    values = {k: _coerce(v, hints[k], f"{where}{k}") for k, v in data.items()}
+    return cls(**values)
+
+
+def config_from_mapping(data: Mapping[str, Any], src: str = "config") -> EdgeConfig:
+    """An EdgeConfig from a TOML-shaped mapping (top-level keys plus [section] tables)."""
+    hints = _hints(EdgeConfig)
+    top: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SECTIONS:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{src}: [{key}] must be a table")
+            top[key] = _section(hints[key], value, f"{src}: {key}.")
+        elif key in {f.name for f in dataclasses.fields(EdgeConfig)}:
+            top[key] = _coerce(value, hints[key], f"{src}: {key}")
+        else:
+            raise ConfigError(f"{src}: {key}: unknown option")
+    if "package" not in top:
+        raise ConfigError(f"{src}: package: missing; give --package DIR")
+    return EdgeConfig(**top)
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML config file; any problem is a one-line ConfigError naming the file."""
+    import tomllib
+
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read: {exc.strerror}") from exc
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--config {path}: not valid TOML: {exc}") from exc
+
+
+def _flag(section: str | None, name: str) -> str:
+    parts = [section, name] if section else [name]
+    return "--" + "-".join(p.replace("_", "-") for p in parts)
+
+
+def _dest(section: str | None, name: str) -> str:
+    return f"{section}__{name}" if section else name
+
+
+def _help(cls: type) -> dict[str, str]:
+    """The ``#:`` comment above each field, as help text."""
+    import inspect
+
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):  # pragma: no cover - source always ships with the package
+        return {}
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    for line in lines:
+        s = line.strip()
+        if s.startswith("#:"):
+            pending.append(s[2:].strip())
+        elif ":" in s and pending and not s.startswith(("def ", "@", '"')):
+            out[s.split(":", 1)[0].strip()] = " ".join(pending)
+            pending = []
+        else:
+            pending = []
+    return out
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per option of EdgeConfig and its sections; unset flags stay None."""
+    for section, cls in [(None, EdgeConfig), *((s, _hints(EdgeConfig)[s]) for s in _SECTIONS)]:
+        hints, docs = _hints(cls), _help(cls)
+        group = parser.add_argument_group(section or "agent")
+        for f in dataclasses.fields(cls):
+            if f.name in _SECTIONS:
+                continue
+            base, _ = _unwrap_optional(hints[f.name])
+            default = None if f.default is dataclasses.MISSING else f.default
+            text = docs.get(f.name, "")
+            if default not in (None, ()) and base is not bool:
+                text += f" (default {default})"
+            flag, dest = _flag(section, f.name), _dest(section, f.name)
+            if base is bool:
+                group.add_argument(
+                    flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text
+                )
+            else:
+                meta = (section or "") + f.name
+                group.add_argument(
+                    flag, dest=dest, default=None, metavar=meta.upper()[:14], help=text
+                )
+
+
+def _from_text(text: str, tp: Any, where: str) -> Any:
+    base, _ = _unwrap_optional(tp)
+    if base is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{where}: {text!r} is not an integer") from None
+    if base is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{where}: {text!r} is not a number") from None
+    return _coerce(text, tp, where)
+
+
+def config_from_args(args: argparse.Namespace, base: Mapping[str, Any] | None = None) -> EdgeConfig:
+    """Flags over the file's values (``base``, TOML-shaped) over the defaults."""
+    data: dict[str, Any] = {
+        k: (dict(v) if isinstance(v, Mapping) else v) for k, v in (base or {}).items()
+    }
+    for section, cls in [(None, EdgeConfig), *((s, _hints(EdgeConfig)[s]) for s in _SECTIONS)]:
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in _SECTIONS:
+                continue
+            value = getattr(args, _dest(section, f.name), None)
+            if value is None:
+                continue
+            flag = _flag(section, f.name)
+            if not isinstance(value, bool):
+                value = _from_text(value, hints[f.name], flag)
+            if section is None:
+                data[f.name] = value
+            else:
+                data.setdefault(section, {})[f.name] = value
+    return config_from_mapping(data, "options")
+
+
+def sections() -> Sequence[str]:
+    return _SECTIONS

@@ -1,0 +1,238 @@
+"""The local API's bodies: .npy, .npz and JSON in, .npz or JSON out, all checked.
+
+An application sends the model's input as an ``.npy`` body (one input), an
+``.npz`` keyed by input name (any number), or JSON ``{"inputs": {name: nested
+lists}}``. :func:`check_inputs` holds every input to the manifest: the names,
+the dtype (a same-kind cast such as float64 to float32 is made; anything else
+is refused), the rank and every fixed dimension, and a symbol (the batch) of
+the same size across inputs. Anything wrong is a :class:`BadInput` (HTTP 400)
+whose one line names the input and the fix.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from splitinfer.shared.errors import ProtocolError
+from splitinfer.shared.manifest import Manifest, TensorSpec
+
+Array = np.ndarray[Any, Any]
+
+NPY_TYPES = ("application/x-npy", "application/npy")
+NPZ_TYPES = ("application/x-npz", "application/npz", "application/zip")
+JSON_TYPE = "application/json"
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+#: Largest batch accepted (the wire frame's own limit).
+MAX_BATCH = 256
+
+
+class BadInput(ProtocolError):
+    """The application's request does not fit the model (HTTP 400)."""
+
+    http_status = 400
+
+
+def body_kind(content_type: str, body: bytes) -> str:
+    """The body's format (npy, npz or json): from the Content-Type, else its first bytes."""
+    if not body:
+        raise BadInput("empty body; send the model's input as .npy, .npz or JSON")
+    ctype = content_type.split(";", maxsplit=1)[0].strip().lower()
+    if ctype in NPY_TYPES:
+        return "npy"
+    if ctype in NPZ_TYPES:
+        return "npz"
+    if ctype == JSON_TYPE or ctype.endswith("+json"):
+        return "json"
+    if body.startswith(_NPY_MAGIC):
+        return "npy"
+    if body.startswith(_ZIP_MAGIC):
+        return "npz"
+    if body.lstrip()[:1] == b"{":
+        return "json"
+    raise BadInput(
+        f"body of Content-Type {content_type or 'none'!r} is not .npy, .npz or JSON; "
+        f"send {NPY_TYPES[0]}, {NPZ_TYPES[0]} or {JSON_TYPE}"
+    )
+
+
+def parse_body(kind: str, body: bytes, manifest: Manifest) -> dict[str, Array]:
+    """The raw arrays of a request body, by input name (not yet checked)."""
+    if not body:
+        raise BadInput("empty body; send the model's input as .npy, .npz or JSON")
+    if kind == "npy":
+        if len(manifest.inputs) != 1:
+            names = ", ".join(s.name for s in manifest.inputs)
+            raise BadInput(
+                f"a .npy body carries one array, the model takes {len(manifest.inputs)} "
+                f"inputs ({names}); send an .npz keyed by input name"
+            )
+        return {manifest.inputs[0].name: _load_npy(body)}
+    if kind == "npz":
+        return _load_npz(body)
+    if kind == "json":
+        return _load_json(body)
+    raise BadInput(f"unknown body kind {kind!r}")
+
+
+def _load_npy(body: bytes) -> Array:
+    try:
+        array = np.load(io.BytesIO(body), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise BadInput(f"body is not a valid .npy file ({_short(exc)})") from None
+    if not isinstance(array, np.ndarray):
+        raise BadInput("body is not a single .npy array")
+    return array
+
+
+def _load_npz(body: bytes) -> dict[str, Array]:
+    try:
+        with np.load(io.BytesIO(body), allow_pickle=False) as archive:
+            if not isinstance(archive, np.lib.npyio.NpzFile):
+                raise BadInput("body is not an .npz archive")
+            return {name: archive[name] for name in archive.files}
+    except BadInput:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise BadInput(f"body is not a valid .npz archive ({_short(exc)})") from None
+
+
+def _load_json(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BadInput(f"body is not valid JSON ({_short(exc)})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("inputs"), dict):
+        raise BadInput('JSON body must be {"inputs": {name: nested lists}}')
+    extra = sorted(set(data) - {"inputs"})
+    if extra:
+        raise BadInput(f"JSON body: unknown field {extra[0]!r}; only 'inputs' is read")
+    return dict(data["inputs"])
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+def check_inputs(manifest: Manifest, raw: Mapping[str, Any]) -> dict[str, Array]:
+    """Every model input, as an array of the manifest's dtype and a fitting shape."""
+    names = [s.name for s in manifest.inputs]
+    extra = sorted(set(raw) - set(names))
+    if extra:
+        raise BadInput(f"unknown input {extra[0]!r}; the model takes {', '.join(names)}")
+    missing = [n for n in names if n not in raw]
+    if missing:
+        raise BadInput(f"input {missing[0]!r} is missing; the model takes {', '.join(names)}")
+    symbols: dict[str, tuple[int, str]] = {}
+    out: dict[str, Array] = {}
+    for spec in manifest.inputs:
+        array = _as_dtype(raw[spec.name], spec)
+        _check_shape(array, spec, manifest.batch_dim, symbols)
+        out[spec.name] = array
+    return out
+
+
+def _as_dtype(value: Any, spec: TensorSpec) -> Array:
+    want = np.dtype(spec.dtype)
+    if isinstance(value, np.ndarray):
+        have = value.dtype
+        if have == want:
+            return value
+        if have.kind in "OUSV" or not np.can_cast(have, want, "same_kind"):
+            raise BadInput(
+                f"input {spec.name!r}: dtype {have} does not convert to the model's {want}; "
+                f"send {want}"
+            )
+        if want.kind in "iu" and value.size:
+            info = np.iinfo(want)
+            if value.min() < info.min or value.max() > info.max:
+                raise BadInput(f"input {spec.name!r}: values out of the range of {want}")
+        return value.astype(want)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise BadInput(f"input {spec.name!r}: not a rectangular array ({_short(exc)})") from None
+    if array.dtype.kind not in "biuf" or array.dtype == object:
+        raise BadInput(
+            f"input {spec.name!r}: expected nested lists of numbers of equal length, "
+            f"got {array.dtype} values"
+        )
+    if want.kind in "iub" and array.dtype.kind == "f":
+        raise BadInput(f"input {spec.name!r}: the model takes {want}; send whole numbers")
+    try:
+        return _as_dtype(array, spec)
+    except BadInput:
+        if want.kind == "f" and array.dtype.kind in "biu":
+            return array.astype(want)
+        raise
+
+
+def _check_shape(
+    array: Array, spec: TensorSpec, batch_dim: str | None, symbols: dict[str, tuple[int, str]]
+) -> None:
+    shape = array.shape
+    pretty = "[" + ", ".join(str(d) for d in spec.shape) + "]"
+    if len(shape) != len(spec.shape):
+        raise BadInput(
+            f"input {spec.name!r}: shape {list(shape)} has rank {len(shape)}, the model takes "
+            f"{pretty} (rank {len(spec.shape)})"
+        )
+    for axis, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
+        if isinstance(want, int):
+            if got != want:
+                raise BadInput(
+                    f"input {spec.name!r}: dimension {axis} is {got}, the model takes {pretty}"
+                )
+            continue
+        if want == batch_dim or (batch_dim is None and axis == 0):
+            if got < 1 or got > MAX_BATCH:
+                raise BadInput(
+                    f"input {spec.name!r}: batch of {got}; send between 1 and {MAX_BATCH} samples"
+                )
+        elif got < 1:
+            raise BadInput(f"input {spec.name!r}: dimension {axis} is empty")
+        if want == "?":
+            continue
+        seen = symbols.get(want)
+        if seen is not None and seen[0] != got:
+            raise BadInput(
+                f"input {spec.name!r}: dimension {axis} ({want}) is {got}, but input "
+                f"{seen[1]!r} has {want}={seen[0]}; they must agree"
+            )
+        symbols.setdefault(want, (got, spec.name))
+
+
+# -- answers -----------------------------------------------------------------------
+
+
+def npz_bytes(outputs: Mapping[str, Array]) -> bytes:
+    """The outputs as an uncompressed .npz, keyed by output name."""
+    buf = io.BytesIO()
+    arrays: dict[str, Any] = {k: np.asarray(v) for k, v in outputs.items()}
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def json_bytes(document: Mapping[str, Any]) -> bytes:
+    """A JSON answer; arrays become nested lists. NaN or infinity cannot be sent as JSON."""
+
+    def default(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+        if isinstance(value, np.generic):
+            return value.item()
+        raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+    try:
+        return json.dumps(document, default=default, allow_nan=False).encode("utf-8")
+    except ValueError:
+        raise ProtocolError(
+            "an output holds NaN or infinity, which JSON cannot carry; ask for .npz "
+            "(Accept: application/x-npz)"
+        ) from None
