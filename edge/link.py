@@ -24,7 +24,6 @@ No clock is read here: callers pass durations and the time they were taken.
 from __future__ import annotations
 
 import math
-import re
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -163,15 +162,12 @@ class LinkEstimator:
 DEFAULT_UPLINK_BPS = 10e6
 DEFAULT_DOWNLINK_BPS = 50e6
 DEFAULT_RTT_S = 0.05
-_NUM = r"([0-9.]+(?:[eE][-+]?[0-9]+)?)"
-_DESCRIBED = re.compile(rf"uplink {_NUM} Mbit/s.*?downlink {_NUM} Mbit/s, rtt {_NUM} ms", re.DOTALL)
 
 
 def planned_link(planning: Mapping[str, Any]) -> tuple[float, float, float] | None:
     """(uplink bps, downlink bps, rtt s) of the package's planning link, if it has one.
 
-    Read from ``{"uplink_bps", "downlink_bps", "rtt_s"}`` or from the text of
-    ``Link.describe()`` ("uplink 5 Mbit/s, downlink 20 Mbit/s, rtt 50 ms").
+    Read from the manifest's ``planning.link``: ``{"uplink_bps", "downlink_bps", "rtt_s"}``.
     """
     planned = planning.get("link")
     try:
@@ -181,8 +177,6 @@ def planned_link(planning: Mapping[str, Any]) -> tuple[float, float, float] | No
                 float(planned["downlink_bps"]),
                 float(planned["rtt_s"]),
             )
-        elif isinstance(planned, str) and (m := _DESCRIBED.search(planned)):
-            found = (float(m[1]) * 1e6, float(m[2]) * 1e6, float(m[3]) / 1e3)
         else:
             return None
         Link(*found)

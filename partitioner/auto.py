@@ -225,7 +225,12 @@ def auto_split(
             "objective": opts.objective,
             "edge_profile": opts.edge_profile or "measured on this machine",
             "cloud_profile": opts.cloud_profile or "measured on this machine",
-            "link": opts.link.describe(),
+            "link": {
+                "uplink_bps": opts.link.uplink_bps,
+                "downlink_bps": opts.link.downlink_bps,
+                "rtt_s": opts.link.rtt_s,
+                "description": opts.link.describe(),
+            },
             "precision": opts.precision,
             "calibration": str(opts.calibration) if opts.calibration else "synthetic",
             "cuts_costed": len(plans),

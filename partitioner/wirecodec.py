@@ -65,14 +65,18 @@ class WirePlan:
         }
 
 
+#: Above this many channels one scale serves the whole tensor: per-channel
+#: parameters travel in every frame's header, which is bounded (64 KiB).
+MAX_CHANNELS = 512
+
+
 def _axis(array: np.ndarray) -> int | None:
     """The channel axis: C of NCHW, the features of [batch, features] and of
     [batch, sequence, hidden] (never a sequence axis, whose length varies)."""
-    if array.ndim == 3:
-        return 2
-    if array.ndim >= 2 and array.shape[1] > 1:
-        return 1
-    return None
+    axis = 2 if array.ndim == 3 else 1 if array.ndim >= 2 else None
+    if axis is None or not 1 < array.shape[axis] <= MAX_CHANNELS:
+        return None
+    return axis
 
 
 def calibrate(acts: Acts) -> dict[str, QuantParams]:

@@ -289,13 +289,9 @@ def _cut_of(body: bytes) -> str:
     return str(json.loads(body[10 : 10 + hlen])["cut_id"])
 
 
-def test_the_planning_link_is_read_in_both_forms() -> None:
+def test_the_planning_link_is_read_from_the_manifest() -> None:
     from splitinfer.edge.link import planned_link
 
-    link = Link(5e6, 20e6, 0.05)
-    assert planned_link({"link": link.describe()}) == pytest.approx((5e6, 20e6, 0.05))
-    traced = Link(5e6, 20e6, 0.05, uplink_samples=(1e6, 9e6))
-    assert planned_link({"link": traced.describe()}) == pytest.approx((5e6, 20e6, 0.05))
     as_dict = {"uplink_bps": 1e6, "downlink_bps": 2e6, "rtt_s": 0.1}
     assert planned_link({"link": as_dict}) == (1e6, 2e6, 0.1)
     assert planned_link({}) is None

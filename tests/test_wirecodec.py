@@ -26,9 +26,11 @@ def test_channel_axis_never_the_sequence() -> None:
             "seq": np.ones((4, 7, 16), np.float32),
             "vec": np.ones((4, 10), np.float32),
             "ids": np.ones((4, 7), np.int64),
+            "wide": np.ones((4, 4096), np.float32),
         }
     )
-    assert set(params) == {"nchw", "seq", "vec"}
+    assert params["wide"].per_tensor  # 4096 scales would not fit a frame header
+    assert set(params) == {"nchw", "seq", "vec", "wide"}
     assert (params["nchw"].axis, len(params["nchw"].scale)) == (1, 3)
     assert (params["seq"].axis, len(params["seq"].scale)) == (2, 16)
     assert len(params["vec"].scale) == 10
