@@ -66,8 +66,11 @@ def wire_tensor(rt: CutRuntime, name: str, array: Array) -> WireTensor:
     if str(array.dtype) not in codec.dtypes:
         return WireTensor(name, array, RAW)
     quant: QuantParams | None = None
+    calibrated = False
     if codec.needs_params:
         quant = rt.quant.get(name)
+        calibrated = quant is not None
         if quant is None:
             quant = batch_params(array, quant_axis(array))
-    return WireTensor(name, array, codec.id, quant)
+    # calibrated parameters are in the manifest both sides hold: send a reference
+    return WireTensor(name, array, codec.id, quant, quant_ref=calibrated)

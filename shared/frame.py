@@ -30,13 +30,15 @@ import numpy as np
 
 from splitinfer.shared.codecs import RAW, Array, Codec, QuantParams, get_codec
 from splitinfer.shared.errors import CodecError, ConfigError, ProtocolError
-from splitinfer.shared.manifest import Manifest, TensorSpec
+from splitinfer.shared.manifest import Manifest, QuantSpec, TensorSpec
 
 MAGIC = b"SPLT"
 FRAME_VERSION = 1
 KIND_REQUEST = 1
 KIND_RESPONSE = 2
 STATUS_OK = 200
+#: A tensor's ``quant`` header value meaning "the manifest's calibrated parameters".
+QUANT_FROM_MANIFEST = "manifest"
 
 _PREAMBLE = struct.Struct("<4sBBI")
 _LENGTH = struct.Struct("<I")
@@ -78,6 +80,10 @@ class WireTensor:
     array: Array
     codec: int = RAW
     quant: QuantParams | None = None
+    #: ``quant`` is the package's calibrated parameters of this cut tensor: the
+    #: header says ``"quant": "manifest"`` instead of listing them (a per-channel
+    #: list costs tens of bytes per channel in every request).
+    quant_ref: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,7 +181,9 @@ def decode_request(
             clip=_amount(privacy, "clip", "frame.privacy"),
             epsilon=_amount(privacy, "epsilon", "frame.privacy"),
         )
-        tensors = _tensors(header["tensors"], view, end, manifest, cut.tensors, limits, codecs)
+        tensors = _tensors(
+            header["tensors"], view, end, manifest, cut.tensors, limits, codecs, cut.quant
+        )
     except (ProtocolError, CodecError):
         raise
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error) as exc:
@@ -223,8 +231,10 @@ def _encode(
             payloads.append(codec.encode(array, t.quant))
         except CodecError as exc:
             raise CodecError(f"frame.tensors[{i}] ({t.name}): {exc}") from exc
-        quant = None
-        if t.quant is not None:
+        quant: dict[str, Any] | str | None = None
+        if t.quant is not None and t.quant_ref:
+            quant = QUANT_FROM_MANIFEST
+        elif t.quant is not None:
             quant = {
                 "scale": list(t.quant.scale),
                 "zero_point": list(t.quant.zero_point),
@@ -317,6 +327,7 @@ def _tensors(
     specs: Sequence[TensorSpec],
     limits: Limits,
     codecs: Mapping[int, Codec] | None,
+    calibrated: Mapping[str, QuantSpec] | None = None,
 ) -> tuple[WireTensor, ...]:
     """Validate every tensor header, then decode the payloads."""
     names = [s.name for s in specs]
@@ -324,7 +335,7 @@ def _tensors(
     if got != names:
         raise ProtocolError(f"frame.tensors: names {got!r} are not the expected {names!r}")
     symbols: dict[str, int] = {}
-    checked: list[tuple[str, tuple[int, ...], Codec, QuantParams | None]] = []
+    checked: list[tuple[str, tuple[int, ...], Codec, QuantParams | None, bool]] = []
     for i, (item, spec) in enumerate(zip(raw, specs, strict=True)):
         where = f"frame.tensors[{i}]"
         meta = _obj(item, where, _TENSOR_KEYS)
@@ -345,18 +356,22 @@ def _tensors(
             raise ProtocolError(f"{where}.codec: {exc}") from exc
         if spec.dtype not in codec.dtypes:
             raise ProtocolError(f"{where}.codec: {codec.name} cannot carry {spec.dtype}")
-        quant = _quant(meta["quant"], codec, shape, f"{where}.quant")
-        checked.append((spec.dtype, shape, codec, quant))
+        ref = meta["quant"] == QUANT_FROM_MANIFEST and codec.needs_params
+        if ref:
+            quant = _calibrated(calibrated or {}, spec.name, shape, f"{where}.quant")
+        else:
+            quant = _quant(meta["quant"], codec, shape, f"{where}.quant")
+        checked.append((spec.dtype, shape, codec, quant, ref))
     payloads = _payloads(view, end, len(checked), limits)
     tensors = []
-    for i, ((dtype, shape, codec, quant), payload) in enumerate(
+    for i, ((dtype, shape, codec, quant, ref), payload) in enumerate(
         zip(checked, payloads, strict=True)
     ):
         try:
             array = codec.decode(payload, dtype, shape, quant, limits.max_tensor_bytes)
         except CodecError as exc:
             raise CodecError(f"frame.tensors[{i}].payload: {exc}") from exc
-        tensors.append(WireTensor(names[i], array, codec.id, quant))
+        tensors.append(WireTensor(names[i], array, codec.id, quant, ref))
     return tuple(tensors)
 
 
@@ -412,6 +427,23 @@ def _quant(raw: Any, codec: Codec, shape: tuple[int, ...], where: str) -> QuantP
         params.check_shape(shape)
     except CodecError as exc:
         raise ProtocolError(f"{where}: {exc}") from exc
+    return params
+
+
+def _calibrated(
+    calibrated: Mapping[str, QuantSpec], name: str, shape: tuple[int, ...], where: str
+) -> QuantParams:
+    spec = calibrated.get(name)
+    if spec is None:
+        raise ProtocolError(
+            f"{where}: {QUANT_FROM_MANIFEST!r}, but the package has no calibrated "
+            f"parameters for {name!r}"
+        )
+    try:
+        params = QuantParams(spec.scale, spec.zero_point, spec.axis or 0)
+        params.check_shape(shape)
+    except CodecError as exc:
+        raise ProtocolError(f"{where}: the manifest's parameters do not fit: {exc}") from exc
     return params
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from splitinfer.shared.codecs import FP16, INT8, INT8_ZSTD, RAW, calibrate_params
+from splitinfer.shared.codecs import FP16, INT8, INT8_ZSTD, RAW, QuantParams, calibrate_params
 from splitinfer.shared.errors import CodecError, ProtocolError
 from splitinfer.shared.frame import (
     Limits,
@@ -26,7 +26,7 @@ from splitinfer.shared.frame import (
     encode_request,
     encode_response,
 )
-from splitinfer.shared.manifest import Cut, Manifest, Segment, TensorSpec
+from splitinfer.shared.manifest import Cut, Manifest, QuantSpec, Segment, TensorSpec
 
 pytestmark = pytest.mark.unit
 
@@ -54,6 +54,7 @@ MANIFEST = Manifest(
             20,
             edge=Segment("edge.onnx", "1" * 64, ("x",), ("feat", "skip"), 3),
             cloud=Segment("cloud.onnx", "2" * 64, ("feat", "skip"), ("logits",), 4),
+            quant={"feat": QuantSpec((0.02, 0.03, 0.04, 0.05), (0, 0, 0, 0), 1)},
         ),
         Cut(
             "c2",
@@ -298,3 +299,21 @@ def test_fuzz_only_protocol_or_codec_errors_escape(data: bytes) -> None:
     for decode in (decode_request, decode_response):
         with contextlib.suppress(ProtocolError, CodecError):
             decode(data, MANIFEST, LIMITS)
+
+
+def test_calibrated_parameters_travel_as_a_reference() -> None:
+    cal = QuantParams((0.02, 0.03, 0.04, 0.05), (0, 0, 0, 0), 1)
+    feat, skip = tensors(codec=INT8_ZSTD)
+    by_ref = replace(feat, quant=cal, quant_ref=True)
+    full = replace(feat, quant=cal)
+    small = encode_request(request(tensors=(by_ref, skip)))
+    big = encode_request(request(tensors=(full, skip)))
+    assert len(small) < len(big)
+    got = decode_request(small, MANIFEST, LIMITS)
+    assert got.tensors[0].quant == cal
+    assert got.tensors[0].quant_ref
+    np.testing.assert_allclose(got.tensors[0].array, feat.array, atol=max(cal.scale))
+    # a tensor the package holds no parameters for cannot be sent by reference
+    bad = replace(skip, quant_ref=True)
+    with pytest.raises(ProtocolError, match=r"frame.tensors\[1\].quant: 'manifest', but"):
+        decode_request(encode_request(request(tensors=(by_ref, bad))), MANIFEST, LIMITS)
