@@ -357,6 +357,7 @@ def _tensors(
         if spec.dtype not in codec.dtypes:
             raise ProtocolError(f"{where}.codec: {codec.name} cannot carry {spec.dtype}")
         ref = meta["quant"] == QUANT_FROM_MANIFEST and codec.needs_params
+        quant: QuantParams | None
         if ref:
             quant = _calibrated(calibrated or {}, spec.name, shape, f"{where}.quant")
         else:
