@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint typecheck pytest bench clean
+.PHONY: install demo test lint typecheck pytest bench bench-quick clean
 
 install: $(STAMP)
 
@@ -38,8 +38,12 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Every benchmark, one after another; writes docs/benchmarks.md and .json.
 bench: $(STAMP)
-	$(BIN)/python bench/bench_partition.py
+	$(BIN)/python bench/run_all.py
+
+bench-quick: $(STAMP)
+	$(BIN)/python bench/run_all.py --quick
 
 clean:
 	rm -rf build .mypy_cache .ruff_cache
