@@ -6,8 +6,13 @@
   injected clock (bottleneck, delay, jitter, loss, outages, droptail queue);
 * :mod:`~splitinfer.sim.link`: :class:`EmulatedLink`, an asyncio TCP proxy on
   loopback through two shapers;
-* :mod:`~splitinfer.sim.cli`: the ``netsim`` command (``netsim link``).
+* :mod:`~splitinfer.sim.scenario`: :class:`Scenario`, a scenario TOML file;
+* :mod:`~splitinfer.sim.strategies`: one split package per strategy;
+* :mod:`~splitinfer.sim.device`: a slower edge device from a node profile;
+* :mod:`~splitinfer.sim.runner`: the cloud service, edge devices behind links, the
+  workload;
+* :mod:`~splitinfer.sim.report`: the JSON report, plots and the comparison table;
+* :mod:`~splitinfer.sim.cli`: the ``netsim`` command (``link``, ``run``, ``compare``).
 
-The scenario runner (``netsim run``, ``netsim compare``) is not built yet. See
-docs/netsim.md for the model and its limits.
+See docs/netsim.md for the model and its limits.
 """

@@ -6,14 +6,24 @@
 RATE is ``5mbit``, ``500kB/s``, ... or ``unlimited``; TRACE a Mahimahi trace file
 (``TRACE@30s`` replays it from 30 s in). ``netsim link`` prints the port it listens
 on, then a line of counters every ``--report`` interval, on stdout.
+
+    netsim run SCENARIO.toml [-o DIR]
+    netsim compare --model M.onnx --traces T1 T2 ... [--duration 10s] [--rate 5]
+
+``run`` compares strategies on one scenario (report.json and PNG plots);
+``compare`` prints, per trace, each strategy's latency and the speedup of
+auto/adaptive over cloud-only and edge-only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from splitinfer import __version__
 from splitinfer.shared.cli import run_cli
@@ -89,6 +99,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--report", default="0s", help="print counters at this interval, e.g. 1s (default: never)"
     )
     link.set_defaults(run=_run_link)
+    run = commands.add_parser(
+        "run",
+        help="run a scenario: cloud service, edge agents behind links, a workload",
+        description="Compare strategies (edge-only, cloud-only, fixed cuts, auto, adaptive) "
+        "on the same emulated link; writes report.json and PNG plots.",
+    )
+    run.add_argument("scenario", type=Path, help="the scenario TOML file (docs/netsim.md)")
+    run.add_argument("-o", "--output", type=Path, default=None, help="output folder")
+    run.add_argument("--no-plots", action="store_true", help="write report.json only")
+    run.set_defaults(run=_run_scenario)
+    cmp = commands.add_parser(
+        "compare",
+        help="per trace, the latency of each strategy and the speedup of auto/adaptive",
+        description="Neurosurgeon-style comparison of edge-only, cloud-only, auto and "
+        "adaptive over several uplink traces.",
+    )
+    cmp.add_argument("--model", type=Path, required=True, help="the ONNX model")
+    cmp.add_argument("--traces", nargs="+", required=True, metavar="TRACE|RATE")
+    cmp.add_argument("--duration", default="10s", help="per strategy and trace (default 10s)")
+    cmp.add_argument("--rate", type=float, default=5.0, help="Poisson requests/s (default 5)")
+    cmp.add_argument("--delay", default="25ms", help="one-way delay (default 25ms)")
+    cmp.add_argument("--downlink", default="10mbit", help="downlink (default 10mbit)")
+    cmp.add_argument(
+        "--slowdown", type=float, default=1.0, help="edge device this much slower (default 1)"
+    )
+    cmp.add_argument("--candidates", type=int, default=3, help="K of adaptive (default 3)")
+    cmp.add_argument("-o", "--output", type=Path, default=Path("netsim-compare"))
+    cmp.set_defaults(run=_run_compare)
     return p
 
 
@@ -177,6 +215,69 @@ def _counters(link: EmulatedLink) -> str:
         f"up={link.uplink_stats.delivered_bytes}B queued={link.queued_bytes('uplink'):.0f}B "
         f"down={link.downlink_stats.delivered_bytes}B queued={link.queued_bytes('downlink'):.0f}B"
     )
+
+
+def _run_scenario(args: argparse.Namespace) -> int:
+    from splitinfer.sim.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    out = args.output or Path(f"netsim-{scenario.name}")
+    doc = _execute(scenario, out, plots=not args.no_plots)
+    from splitinfer.sim.report import table
+
+    print(table([(scenario.name, doc)]))
+    print(f"{PROG}: report -> {out / 'report.json'}", flush=True)
+    return 0
+
+
+def _execute(scenario: Any, out: Path, plots: bool) -> dict[str, Any]:
+    from splitinfer.sim.report import plot, report, write_json
+    from splitinfer.sim.runner import run_scenario
+
+    runs = asyncio.run(run_scenario(scenario, out))
+    doc = report(runs, _describe(scenario))
+    write_json(doc, out / "report.json")
+    if plots:
+        plot(runs, scenario.link, out)
+    return doc
+
+
+def _describe(scenario: Any) -> dict[str, Any]:
+    return {
+        "name": scenario.name,
+        "model": str(scenario.model),
+        "link": scenario.link.describe(),
+        "backup_link": scenario.backup_link.describe() if scenario.backup_link else None,
+        "agents": scenario.edge.agents,
+        "slowdown": scenario.edge.slowdown,
+        "workload": dataclasses.asdict(scenario.workload),
+        "strategies": list(scenario.strategies),
+    }
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from splitinfer.sim.report import table
+    from splitinfer.sim.scenario import EdgeSpec, Scenario, WorkloadSpec
+
+    docs = []
+    for i, trace in enumerate(args.traces):
+        link = LinkConfig(
+            uplink=parse_direction(trace, "--traces"),
+            downlink=parse_direction(args.downlink, "--downlink"),
+            delay_ms=parse_duration(args.delay) * 1000.0,
+        )
+        scenario = Scenario(
+            model=args.model,
+            link=link,
+            name=f"trace{i}",
+            strategies=("edge-only", "cloud-only", "auto", "adaptive"),
+            candidates=args.candidates,
+            edge=EdgeSpec(slowdown=args.slowdown),
+            workload=WorkloadSpec(rate=args.rate, duration_s=parse_duration(args.duration)),
+        )
+        docs.append((Path(trace).name, _execute(scenario, args.output / f"trace{i}", False)))
+    print(table(docs))
+    return 0
 
 
 def _body(argv: Sequence[str] | None) -> int:

@@ -1,0 +1,482 @@
+"""Running a scenario: a cloud service, edge devices behind emulated links, a workload.
+
+* :class:`CloudService`: ``cloud-service`` as a subprocess on a free loopback port
+  (``--no-auth``), serving every strategy's package as a version of the model;
+* :class:`EdgeDevice`: the edge agent's in-process pipeline
+  (:class:`~splitinfer.edge.pipeline.Pipeline`), its uplink over real HTTP
+  (:class:`~splitinfer.edge.transport.HttpTransport`) to one
+  :class:`~splitinfer.sim.link.EmulatedLink` per cloud endpoint, its health-check
+  loop, and its compute on its own thread, stretched by the device's slowdown;
+* :func:`drive`: the workload (Poisson arrivals or a closed loop) for a duration,
+  one :class:`RequestRecord` per request: latency, cut, bytes, errors, epsilon;
+* :func:`run_strategy` and :func:`run_scenario`: all of it, strategy by strategy,
+  each on a fresh link with the same configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from splitinfer.edge.config import AdaptConfig, UplinkConfig
+from splitinfer.edge.failover import Uplink
+from splitinfer.edge.model import EdgeModel, load_model
+from splitinfer.edge.pipeline import Pipeline
+from splitinfer.edge.transport import HttpTransport, Transport, make_session
+from splitinfer.shared.errors import ConfigError, SplitInferError
+from splitinfer.sim.config import LinkConfig
+from splitinfer.sim.device import device_times, slowed
+from splitinfer.sim.link import EmulatedLink
+from splitinfer.sim.scenario import CloudSpec, Scenario
+from splitinfer.sim.strategies import Strategy
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Array = np.ndarray[Any, Any]
+
+#: Seconds the cloud service may take to print its address and become ready.
+CLOUD_START_S = 60.0
+
+
+# -- the cloud service ------------------------------------------------------------------
+
+
+class CloudService:
+    """``cloud-service`` as a subprocess; ``url`` once started. Its stderr goes to
+    ``log_path``. Every version of ``models`` is served (``versions = "all"``)."""
+
+    def __init__(
+        self, repository: Path, models: Sequence[str], spec: CloudSpec, log_path: Path
+    ) -> None:
+        self.repository = repository
+        self.models = list(models)
+        self.spec = spec
+        self.log_path = log_path
+        self.url = ""
+        self._proc: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    def argv(self) -> list[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "splitinfer.cloud.cli",
+            "--repository",
+            str(self.repository),
+            "--listen",
+            "127.0.0.1:0",
+            "--no-auth",
+            "--log-level",
+            "warning",
+            "--max-batch-size",
+            str(self.spec.max_batch_size),
+            "--max-queue-delay-ms",
+            f"{self.spec.max_queue_delay_ms:g}",
+            "--batching" if self.spec.batching else "--no-batching",
+        ]
+        for model in self.models:
+            argv += ["--set", f'models.{model}.versions="all"']
+        return argv
+
+    async def start(self) -> str:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as err:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.argv(), stdout=asyncio.subprocess.PIPE, stderr=err
+            )
+        assert self._proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self._proc.stdout.readline(), CLOUD_START_S)
+        except TimeoutError:
+            line = b""
+        text = line.decode(errors="replace").strip()
+        marker = "listening on "
+        if marker not in text:
+            await self.stop()
+            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:]
+            raise ConfigError(f"cloud-service did not start: {tail[0] if tail else text!r}")
+        self.url = text.split(marker, 1)[1].split()[0].rstrip("/")
+        self._drain = asyncio.create_task(self._drain_stdout())
+        await self._wait_ready()
+        return self.url
+
+    async def _drain_stdout(self) -> None:
+        assert self._proc is not None
+        assert self._proc.stdout is not None
+        while await self._proc.stdout.readline():
+            pass
+
+    async def _wait_ready(self) -> None:
+        import aiohttp
+
+        deadline = time.monotonic() + CLOUD_START_S
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    async with session.get(self.url + "/readyz") as resp:
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise ConfigError(f"cloud-service at {self.url} was not ready in {CLOUD_START_S:g} s")
+
+    async def get(self, path: str) -> str:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session, session.get(self.url + path) as resp:
+            return await resp.text()
+
+    async def stop(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10.0)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self._drain is not None:
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+        self._proc = None
+
+    async def __aenter__(self) -> CloudService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def batch_sizes(metrics_text: str) -> dict[str, float]:
+    """``{"count": batches, "sum": samples}`` of ``splitinfer_batch_size`` (all labels)."""
+    out = {"count": 0.0, "sum": 0.0}
+    for line in metrics_text.splitlines():
+        for key in out:
+            prefix = f"splitinfer_batch_size_{key}"
+            if line.startswith(prefix + "{") or line.startswith(prefix + " "):
+                out[key] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+# -- one edge device --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as the application saw it."""
+
+    agent: int
+    #: link time (s since the agent's first link started) when it was sent
+    start_s: float
+    latency_s: float
+    #: the cut that served it; "local" for the fallback model
+    cut: str = ""
+    local: bool = False
+    #: "" when answered, else the error's one line
+    error: str = ""
+    up_bytes: int = 0
+    down_bytes: int = 0
+    endpoint: str = ""
+    epsilon: float | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+class EdgeDevice:
+    """An edge agent's pipeline in process behind its links; see the module docstring."""
+
+    def __init__(
+        self,
+        index: int,
+        strategy: Strategy,
+        scenario: Scenario,
+        links: Sequence[EmulatedLink],
+        model: EdgeModel,
+        node_times: Mapping[str, float] | None = None,
+    ) -> None:
+        self.index = index
+        self.strategy = strategy
+        self.links = list(links)
+        edge = scenario.edge
+        self.config = UplinkConfig(
+            timeout_s=edge.timeout_s,
+            connect_timeout_s=min(edge.timeout_s, 2.0),
+            max_attempts=3,
+            breaker_failures=2,
+            breaker_reset_s=2.0,
+            health_interval_s=1.0,
+        )
+        self.adapt = AdaptConfig(
+            enabled=strategy.adaptive,
+            min_dwell=edge.min_dwell,
+            min_rate_bytes=edge.min_rate_bytes,
+            link_half_life_s=edge.link_half_life_s,
+        )
+        self.model = slowed(model, node_times)
+        self.request_timeout_s = edge.request_timeout_s
+        self.headers = {"X-Splitinfer-Device": f"sim-{index}"}
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"edge-{index}")
+        self._session: Any = None
+        self._probes: asyncio.Task[None] | None = None
+        self.pipeline: Pipeline | None = None
+
+    async def _compute(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def start(self) -> Pipeline:
+        self._session = make_session(self.config.max_connections, self.config.connect_timeout_s)
+        transports: list[Transport] = [
+            HttpTransport(f"http://127.0.0.1:{link.port}", self._session, 64 << 20)
+            for link in self.links
+        ]
+        uplink = Uplink(transports, self.config, clock=time.monotonic)
+        self.pipeline = Pipeline(
+            self.model,
+            uplink,
+            model_version=self.strategy.version,
+            adapt=self.adapt,
+            device_id=f"sim-{self.index}",
+            request_timeout_s=self.request_timeout_s,
+            compute=self._compute,
+        )
+        await self.pipeline.warm_up()
+        self._probes = asyncio.create_task(self._probe_loop())
+        return self.pipeline
+
+    async def _probe_loop(self) -> None:
+        assert self.pipeline is not None
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            try:
+                await self.pipeline.probe()
+            except Exception:  # a probe must never stop the loop
+                log.exception("health check failed")
+
+    def now(self) -> float:
+        return self.links[0].now()
+
+    async def infer(self, inputs: Mapping[str, Array]) -> RequestRecord:
+        assert self.pipeline is not None
+        start = self.now()
+        t = time.monotonic()
+        try:
+            r = await self.pipeline.infer(inputs, headers=self.headers)
+        except SplitInferError as exc:
+            line = " ".join(str(exc).split())
+            return RequestRecord(self.index, start, time.monotonic() - t, error=line)
+        return RequestRecord(
+            self.index,
+            start,
+            time.monotonic() - t,
+            cut=r.cut_id,
+            local=r.local,
+            up_bytes=r.up_bytes,
+            down_bytes=r.down_bytes,
+            endpoint=r.endpoint,
+            epsilon=r.epsilon_spent,
+            timings=dict(r.timings),
+        )
+
+    async def stop(self) -> None:
+        if self._probes is not None:
+            self._probes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probes
+        if self._session is not None:
+            await self._session.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+# -- the workload -----------------------------------------------------------------------
+
+
+async def drive(
+    device: EdgeDevice,
+    kind: str,
+    rate: float,
+    concurrency: int,
+    duration_s: float,
+    samples: Sequence[Mapping[str, Array]],
+    seed: int = 0,
+) -> list[RequestRecord]:
+    """Send ``device`` requests for ``duration_s``; wait for every answer or error."""
+    rng = random.Random(seed)
+    records: list[RequestRecord] = []
+    count = 0
+
+    async def one() -> None:
+        nonlocal count
+        sample = samples[count % len(samples)]
+        count += 1
+        records.append(await device.infer(sample))
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + duration_s
+    if kind == "closed":
+
+        async def worker() -> None:
+            while loop.time() < end:
+                await one()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return records
+    pending: set[asyncio.Task[None]] = set()
+    at = loop.time()
+    while True:
+        at += rng.expovariate(rate)
+        if at >= end:
+            break
+        await asyncio.sleep(max(at - loop.time(), 0.0))
+        task = asyncio.create_task(one())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    if pending:
+        await asyncio.gather(*pending)
+    return records
+
+
+# -- one strategy, one scenario ---------------------------------------------------------
+
+
+@dataclass
+class StrategyRun:
+    """What one strategy did."""
+
+    strategy: str
+    records: list[RequestRecord]
+    duration_s: float
+    #: bytes the links carried, up and down (all links of all agents)
+    link_up_bytes: int = 0
+    link_down_bytes: int = 0
+    #: cut switches of adaptive agents, summed
+    switches: int = 0
+    #: batches and samples the cloud ran during this strategy
+    cloud_batches: float = 0.0
+    cloud_samples: float = 0.0
+
+
+@contextlib.asynccontextmanager
+async def _links(
+    configs: Sequence[LinkConfig], target: tuple[str, int], agents: int, shared: bool
+) -> AsyncIterator[list[list[EmulatedLink]]]:
+    """Per agent, one started link per endpoint (the same ones for every agent if shared)."""
+    made: list[EmulatedLink] = []
+    try:
+        rows: list[list[EmulatedLink]] = []
+        for i in range(agents):
+            if shared and rows:
+                rows.append(rows[0])
+                continue
+            row = []
+            for cfg in configs:
+                cfg_i = cfg if shared else dataclasses.replace(cfg, seed=cfg.seed + i)
+                link = EmulatedLink(cfg_i, target)
+                made.append(link)
+                row.append(link)
+            rows.append(row)
+        for link in made:
+            await link.start()
+        yield rows
+    finally:
+        for link in made:
+            await link.close()
+
+
+def _target(url: str) -> tuple[str, int]:
+    host, _, port = url.rpartition("://")[2].rpartition(":")
+    return host, int(port)
+
+
+async def run_strategy(
+    scenario: Scenario,
+    strategy: Strategy,
+    cloud: CloudService,
+    *,
+    samples: Sequence[Mapping[str, Array]] | None = None,
+    profile: Path | None = None,
+) -> StrategyRun:
+    """One strategy: its agents behind fresh links, the workload, the counters."""
+    edge = scenario.edge
+    work = scenario.workload
+    models = [load_model(strategy.package) for _ in range(edge.agents)]
+    node_times = device_times(profile)
+    if samples is None:
+        samples = [models[0].sample_inputs(work.batch, seed=s) for s in range(8)]
+    configs = [scenario.link] + ([scenario.backup_link] if scenario.backup_link else [])
+    before = batch_sizes(await cloud.get("/metrics"))
+    async with _links(configs, _target(cloud.url), edge.agents, edge.shared_link) as rows:
+        devices = [
+            EdgeDevice(i, strategy, scenario, rows[i], models[i], node_times)
+            for i in range(edge.agents)
+        ]
+        try:
+            await asyncio.gather(*(d.start() for d in devices))
+            t0 = time.monotonic()
+            per_agent = await asyncio.gather(
+                *(
+                    drive(
+                        d,
+                        work.kind,
+                        work.rate,
+                        work.concurrency,
+                        work.duration_s,
+                        samples,
+                        seed=scenario.seed + d.index,
+                    )
+                    for d in devices
+                )
+            )
+            elapsed = time.monotonic() - t0
+        finally:
+            for d in devices:
+                await d.stop()
+        links = {id(link): link for row in rows for link in row}.values()
+        up = sum(link.uplink_stats.delivered_bytes for link in links)
+        down = sum(link.downlink_stats.delivered_bytes for link in links)
+    after = batch_sizes(await cloud.get("/metrics"))
+    switches = sum(d.pipeline.chooser.switches for d in devices if d.pipeline is not None)
+    return StrategyRun(
+        strategy=strategy.name,
+        records=[r for rs in per_agent for r in rs],
+        duration_s=elapsed,
+        link_up_bytes=up,
+        link_down_bytes=down,
+        switches=switches,
+        cloud_batches=after["count"] - before["count"],
+        cloud_samples=after["sum"] - before["sum"],
+    )
+
+
+async def run_scenario(scenario: Scenario, out_dir: Path) -> list[StrategyRun]:
+    """Build every strategy's package, start the cloud, run the strategies one by one."""
+    from splitinfer.sim.strategies import build, device_profile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    repo = out_dir / "repository"
+    profile = device_profile(scenario, out_dir / "work")
+    strategies = build(scenario, repo, out_dir / "work", profile)
+    models = sorted({s.package.parent.name for s in strategies})
+    runs: list[StrategyRun] = []
+    async with CloudService(repo, models, scenario.cloud, out_dir / "cloud-service.log") as cloud:
+        for strategy in strategies:
+            log.info("running %s", strategy.name)
+            runs.append(await run_strategy(scenario, strategy, cloud, profile=profile))
+    return runs

@@ -1,0 +1,336 @@
+"""Network simulation tests: a real cloud-service subprocess, in-process edge pipelines
+over real HTTP through EmulatedLinks, real packages from ``partition``.
+
+The model is a small CNN on a 3x32x32 input (onnx.helper, no training); the edge
+device is emulated 400x slower than this machine, so that its whole model takes
+tens of milliseconds, as on a small device.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from graphs import f32, make, rand
+from onnx import helper
+
+from splitinfer.shared.errors import ConfigError
+from splitinfer.sim.config import Change, Direction, LinkConfig
+from splitinfer.sim.runner import CloudService, StrategyRun, run_strategy
+from splitinfer.sim.scenario import EdgeSpec, Scenario, WorkloadSpec, load_scenario
+from splitinfer.sim.strategies import build, device_profile
+
+pytestmark = pytest.mark.sim
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+SLOWEST_UP = TRACES / "Verizon-EVDO-driving.up"  # 0.84 Mbit/s mean, the slowest uplink
+
+
+def camera_cnn() -> onnx.ModelProto:
+    """conv-relu-pool-conv-relu-pool-gemm-relu-gemm: x [N,3,32,32] -> y [N,10]."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[4, 4], strides=[4, 4]),
+        helper.make_node("Flatten", ["p2"], ["f"]),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["rh"]),
+        helper.make_node("Gemm", ["rh", "w4", "b4"], ["y"], transB=1),
+    ]
+    inits = {
+        "w1": rand(16, 3, 3, 3, seed=1) * 0.3,
+        "b1": rand(16, seed=2),
+        "w2": rand(16, 16, 3, 3, seed=3) * 0.1,
+        "b2": rand(16, seed=4),
+        "w3": rand(64, 256, seed=5) * 0.05,
+        "b3": rand(64, seed=6),
+        "w4": rand(10, 64, seed=7) * 0.1,
+        "b4": rand(10, seed=8),
+    }
+    return make(nodes, [f32("x", ["N", 3, 32, 32])], [f32("y", ["N", 10])], inits)
+
+
+@pytest.fixture(scope="module")
+def cam(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "cam.onnx"
+    onnx.save(camera_cnn(), str(path))
+    return path
+
+
+def scenario(model: Path, link: LinkConfig, strategies: tuple[str, ...], **kw: object) -> Scenario:
+    edge = kw.pop("edge", EdgeSpec(slowdown=400))
+    work = kw.pop("workload", WorkloadSpec(rate=6, duration_s=3))
+    return Scenario(
+        model=model,
+        link=link,
+        strategies=strategies,
+        edge=edge,  # type: ignore[arg-type]
+        workload=work,  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def run_all(sc: Scenario, out: Path) -> dict[str, StrategyRun]:
+    repo = out / "repository"
+    profile = device_profile(sc, out / "work")
+    strategies = build(sc, repo, out / "work", profile)
+    runs: dict[str, StrategyRun] = {}
+    async with CloudService(repo, ["cam"], sc.cloud, out / "cloud.log") as cloud:
+        for s in strategies:
+            runs[s.name] = await run_strategy(sc, s, cloud, profile=profile)
+    return runs
+
+
+def p50(run: StrategyRun) -> float:
+    lat = [r.latency_s for r in run.records if r.ok]
+    assert lat, f"{run.strategy}: no request answered: {[r.error for r in run.records][:3]}"
+    return statistics.median(lat)
+
+
+def all_answered(run: StrategyRun) -> None:
+    errors = [r.error for r in run.records if not r.ok]
+    assert not errors, f"{run.strategy}: {len(errors)} errors, e.g. {errors[0]}"
+
+
+@pytest.mark.slow
+async def test_auto_beats_cloud_only_on_the_slowest_uplink(cam: Path, tmp_path: Path) -> None:
+    link = LinkConfig(
+        uplink=Direction.from_trace(SLOWEST_UP, "2s"), downlink=Direction.rate("5mbit"), delay_ms=40
+    )
+    runs = await run_all(scenario(cam, link, ("cloud-only", "auto")), tmp_path)
+    for run in runs.values():
+        all_answered(run)
+    assert p50(runs["auto"]) < p50(runs["cloud-only"]), {k: p50(v) for k, v in runs.items()}
+
+
+async def test_auto_beats_edge_only_on_a_fast_link(cam: Path, tmp_path: Path) -> None:
+    link = LinkConfig(
+        uplink=Direction.rate("50mbit"), downlink=Direction.rate("50mbit"), delay_ms=3
+    )
+    runs = await run_all(scenario(cam, link, ("edge-only", "auto")), tmp_path)
+    for run in runs.values():
+        all_answered(run)
+    assert {r.cut for r in runs["auto"].records} != {r.cut for r in runs["edge-only"].records}
+    assert p50(runs["auto"]) < p50(runs["edge-only"]), {k: p50(v) for k, v in runs.items()}
+
+
+@pytest.mark.slow
+async def test_adaptive_agent_moves_to_smaller_transfers_when_the_link_drops(
+    cam: Path, tmp_path: Path
+) -> None:
+    drop_at = 4.0
+    link = LinkConfig(
+        uplink=Direction.rate("20mbit"),
+        downlink=Direction.rate("20mbit"),
+        delay_ms=5,
+        changes=(Change(drop_at, uplink=Direction.rate("150kbit")),),
+    )
+    sc = scenario(
+        cam, link, ("adaptive",), workload=WorkloadSpec(rate=10, duration_s=10), candidates=4
+    )
+    run = (await run_all(sc, tmp_path))["adaptive"]
+    all_answered(run)
+    before = [r for r in run.records if r.start_s < drop_at]
+    after = [r for r in run.records if r.start_s > drop_at + 3.0]
+    assert before, "no request before the drop"
+    assert after, "no request 3 s after the drop"
+    up_before = statistics.median(r.up_bytes for r in before)
+    up_after = statistics.median(r.up_bytes for r in after)
+    assert run.switches >= 1
+    assert up_after < up_before / 4, (up_before, up_after)
+    # latency recovers: what the pre-drop cut would cost now is its bytes at 150 kbit/s
+    stay_s = up_before * 8 / 150e3
+    assert statistics.median(r.latency_s for r in after) < stay_s, stay_s
+
+
+async def test_outage_with_two_endpoints_loses_no_request(cam: Path, tmp_path: Path) -> None:
+    main = LinkConfig(uplink=Direction.rate("20mbit"), delay_ms=5, outages=((1.5, 5.0),))
+    backup = LinkConfig(uplink=Direction.rate("20mbit"), delay_ms=15)
+    sc = scenario(
+        cam,
+        main,
+        ("cloud-only",),
+        backup_link=backup,
+        edge=EdgeSpec(slowdown=400, timeout_s=0.5),
+        workload=WorkloadSpec(rate=8, duration_s=8),
+    )
+    run = (await run_all(sc, tmp_path))["cloud-only"]
+    expected = sum(1 for r in run.records)  # every request sent has a record
+    assert expected > 40
+    for r in run.records:
+        assert r.ok or r.error.strip(), r
+    all_answered(run)  # the backup endpoint answered everything the outage held up
+    during = [r for r in run.records if 2.0 < r.start_s < 6.0]
+    assert during
+    endpoints = {r.endpoint for r in run.records}
+    assert len(endpoints) == 2, endpoints
+
+
+async def test_outage_with_edge_fallback_answers_locally(cam: Path, tmp_path: Path) -> None:
+    link = LinkConfig(uplink=Direction.rate("20mbit"), delay_ms=5, outages=((1.0, 5.0),))
+    sc = scenario(
+        cam,
+        link,
+        ("cloud-only",),
+        edge=EdgeSpec(slowdown=400, timeout_s=0.5, fallback=True),
+        workload=WorkloadSpec(rate=8, duration_s=7),
+    )
+    run = (await run_all(sc, tmp_path))["cloud-only"]
+    all_answered(run)
+    local = [r for r in run.records if r.local]
+    remote = [r for r in run.records if not r.local]
+    assert local, "nothing was answered on the device during the outage"
+    assert all(0.5 < r.start_s < 6.5 for r in local), [r.start_s for r in local]
+    assert any(r.start_s > 6.5 for r in remote), "the cloud never came back"
+
+
+async def test_many_agents_share_capacity_batches_form_and_none_starves(
+    cam: Path, tmp_path: Path
+) -> None:
+    link = LinkConfig(
+        uplink=Direction.rate("40mbit"), downlink=Direction.rate("40mbit"), delay_ms=5
+    )
+    sc = scenario(
+        cam,
+        link,
+        ("cloud-only",),
+        edge=EdgeSpec(agents=16, shared_link=True),
+        workload=WorkloadSpec(kind="closed", concurrency=2, duration_s=4),
+    )
+    run = (await run_all(sc, tmp_path))["cloud-only"]
+    all_answered(run)
+    per_agent = {i: sum(1 for r in run.records if r.agent == i) for i in range(16)}
+    assert min(per_agent.values()) >= 0.3 * max(per_agent.values()), per_agent
+    assert run.cloud_batches > 0
+    assert run.cloud_samples / run.cloud_batches > 1.2, (run.cloud_samples, run.cloud_batches)
+
+
+# -- fast unit tests ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('strategies = ["edge"]', "strategy 'edge' not understood"),
+        ("[workload]\nkind = 'burst'", "workload.kind='burst'"),
+        ("[workload]\nrate = 0", "workload.rate=0"),
+        ("[edge]\nagents = 0", "edge.agents=0"),
+        ("[edge]\nslowness = 2", "unknown option(s) slowness"),
+        ("[link]\nuplink = '5mbps'", "5mbps"),
+        ("colour = 1", "unknown scenario key(s) colour"),
+        ('strategies = ["auto", "auto"]', "name one twice"),
+    ],
+)
+def test_scenario_validation_names_the_bad_value(
+    tmp_path: Path, cam: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(f'model = "{cam}"\n{text}\n')
+    with pytest.raises(ConfigError) as info:
+        load_scenario(path)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_scenario_reads_a_full_file(tmp_path: Path, cam: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(
+        f'name = "x"\nmodel = "{cam.name}"\nstrategies = ["cuts", "cut:c3", "adaptive"]\n'
+        "candidates = 4\n[edge]\nagents = 2\nslowdown = 10\n"
+        '[workload]\nkind = "closed"\nconcurrency = 3\nduration = "2s"\n'
+        '[link]\nuplink = "5mbit"\ndelay_ms = 20\n[backup_link]\nuplink = "1mbit"\n'
+        "[cloud]\nmax_batch_size = 8\n"
+    )
+    (tmp_path / cam.name).write_bytes(cam.read_bytes())
+    sc = load_scenario(path)
+    assert sc.model == tmp_path / cam.name
+    assert sc.strategies == ("cuts", "cut:c3", "adaptive")
+    assert (sc.edge.agents, sc.edge.slowdown, sc.workload.concurrency) == (2, 10, 3)
+    assert sc.workload.duration_s == 2.0
+    assert sc.link.uplink.rate_bps == 5e6
+    assert sc.endpoints == 2
+    assert sc.cloud.max_batch_size == 8
+
+
+def test_the_example_scenarios_load() -> None:
+    folder = Path(__file__).resolve().parents[1] / "sim" / "scenarios"
+    files = sorted(folder.glob("*.toml"))
+    for f in files:
+        try:
+            load_scenario(f)
+        except ConfigError as exc:
+            if "does not exist" not in str(exc):  # models are built by the user
+                raise
+
+
+def test_slow_runner_stretches_to_the_target() -> None:
+    from splitinfer.sim.device import SlowRunner
+
+    slept: list[float] = []
+    ticks = iter([0.0, 0.001])
+
+    class Session:
+        def get_inputs(self) -> list[object]:
+            return []
+
+        def get_outputs(self) -> list[object]:
+            return []
+
+        def get_providers(self) -> list[str]:
+            return ["CPUExecutionProvider"]
+
+        def run(self, names: list[str], feeds: dict[str, object]) -> list[object]:
+            return []
+
+    from splitinfer.edge.runtime import SegmentRunner
+
+    inner = SegmentRunner(Session(), "edge")
+    slow = SlowRunner(inner, 0.01, sleep=slept.append, clock=lambda: next(ticks))
+    slow.run({"x": np.zeros((3, 2), np.float32)})
+    assert slept == [pytest.approx(0.029)]
+
+
+def _runs() -> list[StrategyRun]:
+    from splitinfer.sim.runner import RequestRecord
+
+    def rec(i: int, cut: str, ms: float, error: str = "") -> RequestRecord:
+        timings = {"edge": ms / 2e3, "uplink": ms / 2e3}
+        local = cut == "c7"
+        return RequestRecord(0, i * 0.5, ms / 1e3, cut, local, error, 100, 40, "", None, timings)
+
+    edge = StrategyRun("edge-only", [rec(i, "c7", 40.0 + i) for i in range(10)], 5.0, 0, 0)
+    cloud = [rec(i, "c0", 10.0 * (i + 1)) for i in range(9)] + [rec(9, "", 0.0, "no cloud")]
+    return [edge, StrategyRun("cloud-only", cloud, 5.0, 4000, 1000, 0, 5.0, 10.0)]
+
+
+def test_report_figures_and_plots(tmp_path: Path) -> None:
+    from splitinfer.sim.report import plot, report, table, uplink_capacity, write_json
+
+    doc = report(_runs(), {"name": "t"})
+    cloud = doc["strategies"][1]
+    assert cloud["answered"] == 9
+    assert cloud["errors"] == 1
+    assert cloud["latency_ms"]["p50"] == pytest.approx(50.0)
+    assert cloud["wire_bytes_per_request"]["up"] == pytest.approx(400.0)
+    assert cloud["cloud_mean_batch"] == pytest.approx(2.0)
+    assert doc["strategies"][0]["local_answers"] == 10
+    path = write_json(doc, tmp_path / "r" / "report.json")
+    assert json.loads(path.read_text())["strategies"][0]["strategy"] == "edge-only"
+    text = table([("trace", doc)])
+    assert "edge-only" in text
+    assert "cloud-only" in text
+    link = LinkConfig(
+        uplink=Direction.rate("2mbit"),
+        outages=((1.0, 1.0),),
+        changes=(Change(3.0, uplink=Direction.rate("1mbit")),),
+    )
+    assert uplink_capacity(link, 4.0) == [2e6, 0.0, 2e6, 1e6]
+    for png in plot(_runs(), link, tmp_path / "plots"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
