@@ -1,0 +1,409 @@
+"""The in-process engine: request frame in, response frame out, no sockets.
+
+``infer`` routes the request to a version, validates the frame against that
+version's cut (``shared.frame.decode_request``), queues it in the model's
+:class:`Batcher` and awaits its share of a batch. Batches run in a thread pool
+off the event loop (stacking, the runtime and splitting all happen there); the
+loop only moves requests and sets results. The batcher is driven by events (a
+submit, a finished batch, a timer at ``wake_at``), so nothing polls.
+
+The same engine runs under the HTTP server, in ``sim/`` and in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from splitinfer.cloud.batcher import Batch, Batcher, Item, QueueKey
+from splitinfer.cloud.config import ServiceConfig
+from splitinfer.cloud.metrics import Metrics
+from splitinfer.cloud.overload import DeadlineUnmeetable, ShuttingDown
+from splitinfer.cloud.registry import CutRunner, LoadedVersion, Registry, RuntimeFactory
+from splitinfer.cloud.runtime import Runtime
+from splitinfer.cloud.tensors import Array, Arrays, bucket, peek_ids, sample_shape, split, stack
+from splitinfer.shared.codecs import RAW
+from splitinfer.shared.errors import ProtocolError
+from splitinfer.shared.frame import (
+    Request,
+    Response,
+    WireTensor,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+
+log = logging.getLogger("splitinfer.cloud")
+
+DEFAULT_PRIORITY = 5
+
+
+class BatchFailed(RuntimeError):
+    """The runtime failed on a validated batch: a bug or a broken model (HTTP 500)."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    version: LoadedVersion
+    runner: CutRunner
+    arrays: Arrays
+    length: int | None  # the sequence length before padding, if padded
+    future: asyncio.Future[Arrays]
+
+
+@dataclass(frozen=True)
+class Served:
+    """One answered request: the response frame and the version that computed it."""
+
+    body: bytes
+    version: str
+    request_id: str
+    load: float
+
+
+class Engine:
+    """The cloud service without its HTTP layer.
+
+    ``async with Engine(config) as engine:`` loads the repository (every
+    wanted version loaded and warmed) and, on exit, drains the queues.
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        *,
+        metrics: Metrics | None = None,
+        runtime_factory: RuntimeFactory = Runtime,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.wall = wall
+        self.limits = config.limits()
+        self.registry = Registry(config, self.metrics, runtime_factory=runtime_factory, clock=clock)
+        self.registry.on_retire = self._retired
+        self._batchers: dict[str, Batcher[_Pending]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._executing = 0  # batches handed to the pool and not finished
+        self._watcher: asyncio.Task[None] | None = None
+        workers = config.workers or max(2, 2 * config.batching.max_concurrent_batches)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="splitinfer-batch")
+        self.closing = False
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the repository; start watching it if ``watch_interval_s`` is set."""
+        report = await self.registry.reload(force=True)
+        for failure in report["failed"]:
+            log.error("not serving %(model)s version %(version)s: %(error)s", failure)
+        if self.config.watch_interval_s > 0:
+            self._watcher = asyncio.create_task(self._watch(self.config.watch_interval_s))
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Refuse new requests, let queued ones finish (up to the timeout), then stop."""
+        self.closing = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        timeout = self.config.drain_timeout_s if drain_timeout is None else drain_timeout
+        deadline = self.clock() + timeout
+        while self.clock() < deadline and (
+            self._executing or any(b.queued for b in self._batchers.values())
+        ):
+            await asyncio.sleep(0.005)
+        for model, batcher in self._batchers.items():
+            for item in batcher.drain():
+                _fail(item, ShuttingDown("the service stopped before this request ran", 5.0))
+            self._set_gauges(model, batcher)
+        for handle in self._timers.values():
+            handle.cancel()
+        end = self.clock() + max(1.0, timeout)
+        while self._executing and self.clock() < end:
+            await asyncio.sleep(0.005)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.registry.close()
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def reload(self, force: bool = True) -> dict[str, Any]:
+        return await self.registry.reload(force=force)
+
+    @property
+    def ready(self) -> bool:
+        return self.registry.ready and not self.closing
+
+    def batchers(self) -> list[Batcher[Any]]:
+        return list(self._batchers.values())
+
+    def load(self, model: str) -> float:
+        batcher = self._batchers.get(model)
+        return 0.0 if batcher is None else batcher.load
+
+    # -- inference ----------------------------------------------------------------
+
+    async def infer(
+        self,
+        model: str,
+        body: bytes,
+        *,
+        device: str = "",
+        priority: int = DEFAULT_PRIORITY,
+    ) -> Served:
+        """Answer one request frame for ``model`` with a response frame."""
+        if self.closing:
+            raise ShuttingDown("the service is shutting down", 5.0)
+        admitted = self.clock()
+        state = self.registry.model(model)
+        ids = peek_ids(body, self.limits)
+        if ids is not None and ids[0] != model:
+            raise ProtocolError(f"frame.model: {ids[0]!r} does not match the URL's model {model!r}")
+        lv = state.route(ids[1] if ids else "", device, admitted, self.registry.draw())
+        runner = lv.runner(ids[2]) if ids else None
+        request = decode_request(body, lv.manifest, self.limits, runner.codecs if runner else None)
+        runner = runner or lv.runner(request.cut_id)
+        arrays = {t.name: t.array for t in request.tensors}
+        outputs, load = await self._submit(model, lv, runner, arrays, request, priority, admitted)
+        response = Response(
+            request_id=request.request_id,
+            tensors=tuple(WireTensor(n, outputs[n], RAW) for n in runner.outputs),
+            model_version=lv.version,
+            load=load,
+        )
+        encoded = encode_response(response)
+        self.metrics.version(model, lv.version).request_seconds.observe(self.clock() - admitted)
+        return Served(encoded, lv.version, request.request_id, load)
+
+    async def infer_arrays(
+        self,
+        model: str,
+        cut_id: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: str = "",
+        device: str = "",
+        priority: int = DEFAULT_PRIORITY,
+    ) -> tuple[dict[str, Array], str]:
+        """Nested lists (or arrays) in, output arrays out: the JSON debugging path.
+
+        The values go through a real request frame, so they are validated
+        exactly like a device's.
+        """
+        lv = self.registry.route(model, version, device)
+        runner = lv.runner(cut_id)
+        tensors = []
+        for spec in runner.cut.tensors:
+            if spec.name not in inputs:
+                raise ProtocolError(
+                    f"inputs.{spec.name}: missing (cut {cut_id} needs {list(runner.inputs)})"
+                )
+            try:
+                array = np.asarray(inputs[spec.name], dtype=spec.dtype)
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise ProtocolError(
+                    f"inputs.{spec.name}: not a {spec.dtype} array ({exc})"
+                ) from exc
+            tensors.append(WireTensor(spec.name, array, RAW))
+        extra = sorted(set(inputs) - set(runner.inputs))
+        if extra:
+            raise ProtocolError(f"inputs.{extra[0]}: not a tensor of cut {cut_id}")
+        frame = encode_request(Request(uuid.uuid4().hex, model, lv.version, cut_id, tuple(tensors)))
+        served = await self.infer(model, frame, device=device, priority=priority)
+        response = decode_response(served.body, lv.manifest, self.limits)
+        return {t.name: t.array for t in response.tensors}, served.version
+
+    async def _submit(
+        self,
+        model: str,
+        lv: LoadedVersion,
+        runner: CutRunner,
+        arrays: Arrays,
+        request: Request,
+        priority: int,
+        admitted: float,
+    ) -> tuple[Arrays, float]:
+        length = None
+        if runner.pad is not None:
+            length = runner.pad.length(arrays)
+            arrays = runner.pad.pad(arrays, bucket(length))
+        if runner.batchable:
+            rows = int(arrays[runner.inputs[0]].shape[0])
+            key = QueueKey(lv.uid, runner.cut.id, sample_shape(arrays, runner.inputs))
+        else:
+            rows, key = 1, QueueKey(lv.uid, runner.cut.id, solo=True)
+        deadline = math.inf
+        if request.deadline_ms:
+            deadline = admitted + (request.deadline_ms / 1000.0 - self.wall())
+        batcher = self._batcher(model)
+        batcher.adopt(lv.uid, runner.cut.id, runner.latency)
+        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+        item = Item(key, rows, _Pending(lv, runner, arrays, length, future), priority, deadline)
+        batcher.submit(item, admitted)
+        gauge = self.metrics.model(model).in_flight
+        gauge.inc()
+        try:
+            self._pump(model)
+            outputs = await future
+        except asyncio.CancelledError:
+            if batcher.cancel(item):
+                self._set_gauges(model, batcher)
+            raise
+        finally:
+            gauge.dec()
+        return outputs, batcher.load
+
+    # -- the batch loop -----------------------------------------------------------
+
+    def _batcher(self, model: str) -> Batcher[_Pending]:
+        batcher = self._batchers.get(model)
+        if batcher is None:
+            batcher = self._batchers[model] = Batcher(self.config.batching_for(model))
+        return batcher
+
+    def _pump(self, model: str) -> None:
+        """Ask the batcher what to do now; start batches, refuse expired, set the timer."""
+        batcher = self._batchers[model]
+        now = self.clock()
+        decision = batcher.schedule(now)
+        series = self.metrics.model(model)
+        for item in decision.expired:
+            series.expired.inc()
+            _fail(item, DeadlineUnmeetable("deadline can no longer be met while queued", 1.0))
+        for batch in decision.batches:
+            for it in batch.items:
+                series.queue_seconds.observe(now - it.arrival)
+            self._launch(model, batcher, batch)
+        old = self._timers.pop(model, None)
+        if old is not None:
+            old.cancel()
+        if decision.wake_at is not None:
+            loop = asyncio.get_running_loop()
+            self._timers[model] = loop.call_later(
+                max(0.0, decision.wake_at - now), self._pump, model
+            )
+        self._set_gauges(model, batcher)
+
+    def _launch(self, model: str, batcher: Batcher[_Pending], batch: Batch[_Pending]) -> None:
+        """Hand a batch to the thread pool; :meth:`_finish` runs on the loop when it is done.
+
+        Plain callbacks rather than a task: one loop iteration less on each side.
+        """
+        pending = [it.payload for it in batch.items]
+        runner = pending[0].runner
+        work = self._pool.submit(
+            _compute,
+            runner,
+            [p.arrays for p in pending],
+            [it.rows for it in batch.items],
+            [p.length for p in pending],
+        )
+        self._executing += 1
+        loop = asyncio.get_running_loop()
+
+        def done(f: Future[tuple[list[Arrays], float]]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                loop.call_soon_threadsafe(self._finish, model, batcher, batch, f)
+
+        work.add_done_callback(done)
+
+    def _finish(
+        self,
+        model: str,
+        batcher: Batcher[_Pending],
+        batch: Batch[_Pending],
+        work: Future[tuple[list[Arrays], float]],
+    ) -> None:
+        self._executing -= 1
+        pending = [it.payload for it in batch.items]
+        lv = pending[0].version
+        vm = self.metrics.version(model, lv.version)
+        now = self.clock()
+        try:
+            shares, seconds = work.result()
+        except Exception as exc:
+            log.error(
+                "%s version %s: batch of %d failed", model, lv.version, batch.rows, exc_info=exc
+            )
+            batcher.complete(batch, now, 0.0, ok=False)
+            lv.breaker.record(False, now)
+            vm.breaker_open.set(lv.breaker.state != "closed")
+            error = BatchFailed(
+                f"the model failed on this batch: {' '.join(str(exc).split())[:200]}"
+            )
+            for p in pending:
+                if not p.future.done():
+                    p.future.set_exception(error)
+        else:
+            batcher.complete(batch, now, seconds, ok=True)
+            lv.breaker.record(True, now)
+            vm.breaker_open.set(0)
+            vm.compute_seconds.observe(seconds)
+            vm.batch_size.observe(batch.rows)
+            vm.inferences.inc(batch.rows)
+            vm.executions.inc()
+            for p, share in zip(pending, shares, strict=True):
+                if not p.future.done():
+                    p.future.set_result(share)
+        finally:
+            self._pump(model)
+
+    def _set_gauges(self, model: str, batcher: Batcher[_Pending]) -> None:
+        self.metrics.model(model).queued.set(batcher.queued_rows)
+
+    async def _watch(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.registry.reload(force=False)
+            except Exception:  # a bad scan must not stop the watcher
+                log.exception("repository rescan failed")
+
+    def _retired(self, lv: LoadedVersion) -> None:
+        batcher = self._batchers.get(lv.model)
+        if batcher is not None and not batcher.queued:
+            batcher.forget(lv.uid)
+
+
+def _compute(
+    runner: CutRunner,
+    parts: Sequence[Arrays],
+    rows: Sequence[int],
+    lengths: Sequence[int | None],
+) -> tuple[list[Arrays], float]:
+    """Stack, run and split one batch; runs in a worker thread. Returns (shares, run seconds)."""
+    feeds = stack(parts, runner.inputs)
+    started = time.perf_counter()
+    produced = runner.runtime.run(feeds)
+    seconds = time.perf_counter() - started
+    outputs = {n: produced[n] if n in produced else feeds[n] for n in runner.outputs}
+    shares = split(outputs, rows)
+    if runner.pad is not None:
+        shares = [
+            runner.pad.unpad(s, n) if n is not None else s
+            for s, n in zip(shares, lengths, strict=True)
+        ]
+    return shares, seconds
+
+
+def _fail(item: Item[_Pending], error: BaseException) -> None:
+    if not item.payload.future.done():
+        item.payload.future.set_exception(error)

@@ -1,0 +1,160 @@
+"""Overload control: the refusals, per-device rate limits and per-version circuit breakers.
+
+Pure logic: every method takes ``now`` (monotonic seconds). The number of
+concurrent batches per model is bounded by the batcher itself
+(``BatchingConfig.max_concurrent_batches``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from splitinfer.shared.errors import OverloadError, SplitInferError
+
+
+class Rejected(OverloadError):
+    """The service refuses the request for now (503); ``retry_after`` is in seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueFull(Rejected):
+    """The model's queue holds ``max_queue_size`` samples already."""
+
+
+class DeadlineUnmeetable(Rejected):
+    """The request cannot finish by its deadline, so it is refused instead of computed late."""
+
+
+class CircuitOpen(Rejected):
+    """Every version that could serve the request keeps failing."""
+
+
+class ShuttingDown(Rejected):
+    """The service is draining its queues before it stops."""
+
+
+class RateLimited(SplitInferError):
+    """A device sends faster than its rate limit (429)."""
+
+    http_status = 429
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after_header(seconds: float) -> str:
+    """``Retry-After`` in whole seconds (RFC 9110 delay-seconds), at least 1."""
+    return str(max(1, math.ceil(seconds))) if math.isfinite(seconds) else "60"
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+class RateLimiter:
+    """A token bucket per device: ``rate`` tokens per second up to ``burst``.
+
+    At most ``max_devices`` buckets are kept; the least recently seen one is
+    dropped first (it comes back full, which only ever errs towards allowing).
+    ``rate == 0`` allows everything.
+    """
+
+    def __init__(self, rate: float, burst: float, max_devices: int = 100_000) -> None:
+        self.rate = rate
+        self.burst = max(1.0, burst)
+        self.max_devices = max_devices
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def check(self, device: str, now: float, cost: float = 1.0) -> None:
+        """Take ``cost`` tokens from ``device``'s bucket or raise :class:`RateLimited`."""
+        if self.rate <= 0:
+            return
+        bucket = self._buckets.pop(device, None)
+        if bucket is None:
+            bucket = _Bucket(self.burst, now)
+            while len(self._buckets) >= self.max_devices:
+                self._buckets.popitem(last=False)
+        bucket.tokens = min(self.burst, bucket.tokens + max(0.0, now - bucket.stamp) * self.rate)
+        bucket.stamp = now
+        self._buckets[device] = bucket
+        if bucket.tokens < cost:
+            wait = (cost - bucket.tokens) / self.rate
+            raise RateLimited(
+                f"device {device!r} is over its rate limit of {self.rate:g} requests/s; "
+                f"retry in {wait:.2f} s",
+                retry_after=wait,
+            )
+        bucket.tokens -= cost
+
+
+class CircuitBreaker:
+    """Opens after ``failures`` consecutive failed batches; one trial after ``cooldown``.
+
+    closed: traffic flows. open: :meth:`allows` is False until ``cooldown``
+    seconds passed, then half-open: one caller gets through (a trial); its
+    success closes the breaker, its failure opens it again.
+    """
+
+    def __init__(self, failures: int = 5, cooldown: float = 10.0) -> None:
+        self.threshold = failures
+        self.cooldown = cooldown
+        self.consecutive = 0
+        self.opened_at: float | None = None
+        self._trial = False
+        self._trial_at = 0.0
+        self.trips = 0
+
+    @property
+    def state(self) -> str:
+        if self.opened_at is None:
+            return "closed"
+        return "half-open" if self._trial else "open"
+
+    def available(self, now: float) -> bool:
+        """Whether :meth:`allows` could say yes now (no side effect)."""
+        if self.opened_at is None:
+            return True
+        since = now - (self._trial_at if self._trial else self.opened_at)
+        return since >= self.cooldown
+
+    def allows(self, now: float) -> bool:
+        """Whether a new request may go to this version now."""
+        if self.opened_at is None:
+            return True
+        # one trial at a time; a trial that never reported (its request was
+        # refused before it ran) is replaced after another cooldown
+        since = now - (self._trial_at if self._trial else self.opened_at)
+        if since >= self.cooldown:
+            self._trial = True
+            self._trial_at = now
+            return True
+        return False
+
+    def retry_after(self, now: float) -> float:
+        if self.opened_at is None:
+            return 0.0
+        return max(0.0, self.opened_at + self.cooldown - now)
+
+    def record(self, ok: bool, now: float) -> None:
+        if ok:
+            self.consecutive = 0
+            self.opened_at = None
+            self._trial = False
+            return
+        self.consecutive += 1
+        if self._trial or self.consecutive >= self.threshold:
+            if self.opened_at is None or self._trial:
+                self.trips += 1
+            self.opened_at = now
+            self._trial = False
