@@ -70,6 +70,8 @@ class Served:
     version: str
     request_id: str
     load: float
+    #: seconds the request spent in the service (queue, compute, decode, encode)
+    service_s: float = 0.0
 
 
 class Engine:
@@ -190,8 +192,9 @@ class Engine:
             load=load,
         )
         encoded = encode_response(response)
-        self.metrics.version(model, lv.version).request_seconds.observe(self.clock() - admitted)
-        return Served(encoded, lv.version, request.request_id, load)
+        spent = self.clock() - admitted
+        self.metrics.version(model, lv.version).request_seconds.observe(spent)
+        return Served(encoded, lv.version, request.request_id, load, spent)
 
     async def infer_arrays(
         self,

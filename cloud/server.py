@@ -235,9 +235,12 @@ async def infer(request: web.Request) -> web.StreamResponse:
     served = await request.app[ENGINE].infer(
         request.match_info["model"], body, device=device, priority=_priority(request)
     )
-    return web.Response(
-        body=served.body, content_type=FRAME_TYPE, headers={HEADER_VERSION: served.version}
-    )
+    # Server-Timing lets the edge tell the network's share of its round trip from ours
+    headers = {
+        HEADER_VERSION: served.version,
+        "Server-Timing": f"cloud;dur={served.service_s * 1e3:.3f}",
+    }
+    return web.Response(body=served.body, content_type=FRAME_TYPE, headers=headers)
 
 
 async def infer_json(request: web.Request) -> web.StreamResponse:

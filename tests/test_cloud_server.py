@@ -112,6 +112,9 @@ async def test_a_signed_request_gets_its_result_frame(
     assert resp.status == 200, await resp.text()
     assert resp.content_type == FRAME_TYPE
     assert resp.headers[HEADER_VERSION] == "2"
+    timing = resp.headers["Server-Timing"]
+    assert timing.startswith("cloud;dur=")
+    assert 0 < float(timing.split("=")[1]) < 10_000
     got = decode_response(await resp.read(), m, Limits())
     assert got.model_version == "2"
     assert 0.0 <= got.load <= 1.0
