@@ -292,7 +292,7 @@ class Int8ZstdCodec:
     needs_params: bool = True
     dtypes: frozenset[str] = FLOAT_DTYPES
 
-    def __init__(self, level: int = 3, dictionary: bytes | None = None) -> None:
+    def __init__(self, level: int = 1, dictionary: bytes | None = None) -> None:
         import zstandard
 
         if not isinstance(level, int) or not -7 <= level <= zstandard.MAX_COMPRESSION_LEVEL:

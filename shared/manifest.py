@@ -83,7 +83,7 @@ class CodecSpec:
     """How the cut tensors travel: the wire codec and its settings."""
 
     name: str = "int8+zstd"
-    level: int = 3
+    level: int = 1
     dictionary: str | None = None  # a file in the package: a zstd dictionary
 
     @classmethod
@@ -97,7 +97,7 @@ class CodecSpec:
             if not isinstance(dictionary, str):
                 raise PackageError(f"{where}.dictionary: expected a file name or null")
             _check_relative(dictionary, f"{where}.dictionary")
-        return cls(name=name, level=int(obj.get("level", 3)), dictionary=dictionary)
+        return cls(name=name, level=int(obj.get("level", 1)), dictionary=dictionary)
 
 
 @dataclass(frozen=True)

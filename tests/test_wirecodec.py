@@ -49,7 +49,7 @@ def test_small_activations_keep_a_dictionary_that_pays() -> None:
     cut = Cut("c1", "split", (), (), 0, 0, 0, quant=plan.quant)
     p = quant_params(cut, "h")
     assert p is not None
-    with_dict = Int8ZstdCodec(3, plan.dictionary)
+    with_dict = Int8ZstdCodec(plan.codec.level, plan.dictionary)
     sizes = [len(with_dict.encode(acts["h"][i : i + 1], p)) for i in range(32, 64)]
     assert np.mean(sizes) == pytest.approx(plan.wire_bytes, rel=0.01)
 
