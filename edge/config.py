@@ -426,6 +426,21 @@ def _help(cls: type) -> dict[str, str]:
     return out
 
 
+_METAVARS: dict[Any, str] = {int: "N", float: "X", str: "TEXT"}
+_NAMED_METAVARS = {
+    "listen": "HOST:PORT",
+    "device_id": "ID",
+    "model": "NAME[:VERSION]",
+    "cut": "CUT",
+    "provider": "auto|cpu|cuda|tensorrt",
+    "prior_uplink": "RATE",
+    "prior_downlink": "RATE",
+    "prior_rtt": "DURATION",
+    "on_exhausted": "refuse|local",
+    "accountant": "prv|rdp",
+}
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per option of EdgeConfig and its sections; unset flags stay None."""
     for section, cls in [(None, EdgeConfig), *((s, _hints(EdgeConfig)[s]) for s in _SECTIONS)]:
@@ -445,10 +460,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                     flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text
                 )
             else:
-                meta = (section or "") + f.name
-                group.add_argument(
-                    flag, dest=dest, default=None, metavar=meta.upper()[:14], help=text
-                )
+                meta = _NAMED_METAVARS.get(f.name) or _METAVARS.get(base, f.name.upper())
+                group.add_argument(flag, dest=dest, default=None, metavar=meta, help=text)
 
 
 def _from_text(text: str, tp: Any, where: str) -> Any:
