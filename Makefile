@@ -33,7 +33,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	@mkdir -p build/typecheck && ln -sfn ../.. build/typecheck/splitinfer
 	MYPYPATH=build/typecheck $(BIN)/mypy -p splitinfer.shared -p splitinfer.partitioner \
-		-p splitinfer.edge -p splitinfer.cloud -p splitinfer.sim -m splitinfer.demo
+		-p splitinfer.edge -p splitinfer.cloud -p splitinfer.sim -p splitinfer.models -m splitinfer.demo
 
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
