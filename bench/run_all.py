@@ -40,6 +40,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str], str]] = {
     "cloud": ("bench_cloud.py", [], ["--quick"],
               "cloud service throughput and latency vs a bare session and a peer server"),
     "edge": ("bench_edge.py", [], ["--quick"], "edge agent overhead per request"),
+    "moe": ("bench_moe.py", [], ["--quick"],
+            "MoE expert cache: throughput at cache budgets vs all-resident and naive paging"),
 }  # fmt: skip
 
 VERDICT = re.compile(r"\b(PASS|FAIL)\b")
@@ -139,7 +141,10 @@ def write(results: list[dict[str, object]], info: dict[str, str], quick: bool, o
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="each benchmark's short run")
-    p.add_argument("--only", help=f"comma-separated subset of {','.join(BENCHES)}")
+    p.add_argument(
+        "--only",
+        help=f"comma-separated subset of {','.join(BENCHES)}; the others' last results are kept",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "docs", help="where the summary goes")
     args = p.parse_args(argv)
     names = list(BENCHES) if not args.only else args.only.split(",")
@@ -150,6 +155,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     info = machine()
     results = [run(n, args.quick) for n in names]
+    if args.only:  # keep the other benchmarks' latest results
+        old = args.out / "benchmarks.json"
+        if old.is_file():
+            kept = [r for r in json.loads(old.read_text())["results"] if r["name"] not in names]
+            results = sorted(
+                kept + results,
+                key=lambda r: list(BENCHES).index(r["name"]) if r["name"] in BENCHES else 99,
+            )
     write(results, info, args.quick, args.out)
     print(f"wrote {args.out / 'benchmarks.md'} and {args.out / 'benchmarks.json'}")
     return 0 if all(r["exit"] == 0 for r in results) else 1
