@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -71,6 +72,67 @@ def goodput(arrivals: Arrivals, origin: float, a: float, b: float) -> float:
     return sum(n for t, n in arrivals if a <= t - origin < b) * 8 / (b - a)
 
 
+class LoopLag:
+    """How late the event loop woke a 5 ms ticker, at worst, while a measurement ran.
+
+    On a loaded machine (CI) the loop can stall for tenths of a second: the link then
+    delivers late, all at once, and bytes due before a window edge are counted after it.
+    A stall of ``L`` s moves at most ``rate * L`` bits across each edge of a window,
+    which :func:`slack` turns into tolerance; :func:`undisturbed` first tries to get a
+    run without one.
+    """
+
+    TICK_S = 0.005
+
+    def __init__(self) -> None:
+        self.max_s = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.TICK_S
+            await asyncio.sleep(self.TICK_S)
+            self.max_s = max(self.max_s, loop.time() - due)
+
+    async def __aenter__(self) -> LoopLag:
+        self._task = asyncio.ensure_future(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+Run = TypeVar("Run")
+
+#: a run whose loop never stalled longer than this is taken as it is
+CALM_S = 0.05
+
+
+async def undisturbed(run: Callable[[], Awaitable[Run]], attempts: int = 3) -> tuple[Run, float]:
+    """``run()`` until the loop stayed calm through it (at most ``attempts`` times): the
+    last result and the worst loop lag it saw."""
+    for _ in range(attempts):
+        async with LoopLag() as lag:
+            result = await run()
+        if lag.max_s <= CALM_S:
+            break
+    return result, lag.max_s
+
+
+def slack(rate_bps: float, lag_s: float, window_s: float) -> float:
+    """Bits/s a loop stall of ``lag_s`` can move into or out of a window (both edges)."""
+    return 2 * rate_bps * lag_s / window_s
+
+
+def near(expected: float, rate_bps: float, lag_s: float, window_s: float) -> object:
+    """``expected`` within 5 %, plus what a measured loop stall can account for."""
+    return pytest.approx(expected, abs=0.05 * expected + slack(rate_bps, lag_s, window_s))
+
+
 async def run_uplink(config: LinkConfig, seconds: float) -> tuple[Arrivals, EmulatedLink]:
     """Saturate the uplink for ``seconds`` of link time; what the target received."""
     arrivals: Arrivals = []
@@ -90,10 +152,9 @@ async def run_uplink(config: LinkConfig, seconds: float) -> tuple[Arrivals, Emul
 async def test_fixed_rate_goodput_matches_the_rate(side: str) -> None:
     rate = 4e6
     shaped = Direction(rate_bps=rate)
-    if side == "uplink":
-        arrivals, link = await run_uplink(LinkConfig(uplink=shaped), 4.6)
-    else:
-        arrivals = []
+
+    async def downlink() -> tuple[Arrivals, EmulatedLink]:
+        arrivals: Arrivals = []
         config = LinkConfig(downlink=shaped)
         async with serve(source_server) as port, EmulatedLink(config, ("127.0.0.1", port)) as link:
             reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
@@ -103,11 +164,19 @@ async def test_fixed_rate_goodput_matches_the_rate(side: str) -> None:
                     data = await asyncio.wait_for(reader.read(65536), left)
                     arrivals.append((time.monotonic(), len(data)))
             writer.close()
+        return arrivals, link
+
+    if side == "uplink":
+        (arrivals, link), lag = await undisturbed(
+            lambda: run_uplink(LinkConfig(uplink=shaped), 4.6)
+        )
+    else:
+        (arrivals, link), lag = await undisturbed(downlink)
     for a, b in [(0.5, 2.5), (2.5, 4.5)]:
         measured = goodput(arrivals, link.origin, a, b)
-        assert measured == pytest.approx(rate, rel=0.05), f"{side} {a}-{b} s"
+        assert measured == near(rate, rate, lag, b - a), f"{side} {a}-{b} s, loop lag {lag} s"
         counted = link.stats(side).goodput_bps(b - a, a, b)  # type: ignore[arg-type]
-        assert counted[0] == pytest.approx(rate, rel=0.05)
+        assert counted[0] == near(rate, rate, lag, b - a)
 
 
 @pytest.mark.slow
@@ -117,12 +186,14 @@ async def test_trace_goodput_matches_its_capacity_over_10s_windows() -> None:
     # and 2.4 Mbit/s per 10 s window, from 0.01 to 9 Mbit/s in single seconds
     path, offset = TRACES / "ATT-LTE-driving-2016.up", 81.0
     ts = np.loadtxt(path, dtype=np.int64)  # read independently of the link
-    arrivals, link = await run_uplink(LinkConfig(uplink=Direction.from_trace(path, offset)), 20.5)
+    config = LinkConfig(uplink=Direction.from_trace(path, offset))
+    (arrivals, link), lag = await undisturbed(lambda: run_uplink(config, 20.5), attempts=2)
+    peak = 9e6  # the trace's fastest second
     for a, b in [(0.25, 10.25), (10.25, 20.25)]:
         lo, hi = (a + offset) * 1000, (b + offset) * 1000
         capacity = np.count_nonzero((ts >= lo) & (ts < hi)) * 1500 * 8 / (b - a)
         measured = goodput(arrivals, link.origin, a, b)
-        assert measured == pytest.approx(capacity, rel=0.05), f"window {a}-{b} s"
+        assert measured == near(capacity, peak, lag, b - a), f"window {a}-{b} s, lag {lag} s"
 
 
 # -- delay ------------------------------------------------------------------------------
@@ -152,10 +223,14 @@ async def test_added_one_way_delay_is_the_configured_one() -> None:
         queues[0] = asyncio.Queue()
         return await _one_way(port, queues)
 
-    async with serve(stamping_echo(queues)) as port:
-        direct = await measure(port)
-        async with EmulatedLink(config, ("127.0.0.1", port)) as link:
-            shaped = await measure(link.port)
+    async def run() -> tuple[tuple[float, float], tuple[float, float]]:
+        async with serve(stamping_echo(queues)) as port:
+            direct = await measure(port)
+            async with EmulatedLink(config, ("127.0.0.1", port)) as link:
+                return direct, await measure(link.port)
+
+    # medians shrug off a stall or two; a loaded machine gets another go
+    (direct, shaped), _ = await undisturbed(run)
     added_up = (shaped[0] - direct[0]) * 1000
     added_down = (shaped[1] - direct[1]) * 1000
     assert added_up == pytest.approx(delay_ms, abs=2.0)
@@ -190,19 +265,28 @@ async def test_rate_change_mid_run_takes_effect(how: str) -> None:
     fast, slow = 8e6, 1e6
     changes = (Change(2.0, uplink=Direction(rate_bps=slow)),) if how == "scheduled" else ()
     config = LinkConfig(uplink=Direction(rate_bps=fast), changes=changes)
-    arrivals: Arrivals = []
-    async with serve(sink(arrivals)) as port, EmulatedLink(config, ("127.0.0.1", port)) as link:
-        _, writer = await asyncio.open_connection("127.0.0.1", link.port)
-        sender = asyncio.ensure_future(source(writer))
-        if how == "runtime":
-            await asyncio.sleep(link.origin + 2.0 - time.monotonic())
-            link.set_uplink("1mbit")
-        await asyncio.sleep(link.origin + 4.3 - time.monotonic())
-        sender.cancel()
-        writer.close()
+
+    async def run() -> tuple[Arrivals, EmulatedLink]:
+        arrivals: Arrivals = []
+        async with (
+            serve(sink(arrivals)) as port,
+            EmulatedLink(config, ("127.0.0.1", port)) as link,
+        ):
+            _, writer = await asyncio.open_connection("127.0.0.1", link.port)
+            sender = asyncio.ensure_future(source(writer))
+            if how == "runtime":
+                await asyncio.sleep(link.origin + 2.0 - time.monotonic())
+                link.set_uplink("1mbit")
+            await asyncio.sleep(link.origin + 4.3 - time.monotonic())
+            sender.cancel()
+            writer.close()
+        return arrivals, link
+
+    (arrivals, link), lag = await undisturbed(run)
     # the queue built at 8 Mbit/s drains at 1 Mbit/s at once: no backlog at the old rate
-    assert goodput(arrivals, link.origin, 0.5, 2.0) == pytest.approx(fast, rel=0.05)
-    assert goodput(arrivals, link.origin, 2.2, 4.2) == pytest.approx(slow, rel=0.05)
+    assert goodput(arrivals, link.origin, 0.5, 2.0) == near(fast, fast, lag, 1.5), f"lag {lag} s"
+    # a stall at the change can let fast-rate bytes in late: the slack counts them at 8 Mbit/s
+    assert goodput(arrivals, link.origin, 2.2, 4.2) == near(slow, fast, lag, 2.0), f"lag {lag} s"
 
 
 async def test_outage_holds_bytes_back_and_loses_none() -> None:
