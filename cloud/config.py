@@ -85,6 +85,10 @@ class BatchingConfig:
             )
 
 
+#: eviction policies of the MoE expert cache (``cloud/moe/cache.py`` POLICIES)
+EXPERT_POLICIES = ("lfru", "lru", "none")
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """ONNX Runtime sessions for the cloud segments (see ``runtime.py``)."""
@@ -104,8 +108,25 @@ class RuntimeConfig:
     trt_fp16: bool = _opt(False, "let TensorRT build fp16 kernels")
     trt_cache_dir: str = _opt("", "folder for TensorRT engine caches ('' = none)")
     device_id: int = _opt(0, "the GPU ordinal for CUDA and TensorRT")
+    expert_cache_bytes: int = _opt(
+        0,
+        "device bytes for the experts of each loaded MoE model (0: no bound, every expert "
+        "stays resident once used); see docs/moe.md",
+    )
+    expert_cache_policy: str = _opt("lfru", "MoE expert eviction: lfru, lru or none")
+    expert_prefetch: bool = _opt(
+        False,
+        "prefetch the next MoE layer's experts on a background worker (pays where the "
+        "page-in overlaps compute, e.g. a GPU copy engine)",
+    )
 
     def __post_init__(self) -> None:
+        if self.expert_cache_policy not in EXPERT_POLICIES:
+            raise ConfigError(
+                f"expert_cache_policy={self.expert_cache_policy!r}: "
+                f"give one of {', '.join(EXPERT_POLICIES)}"
+            )
+        _positive_int(self, "expert_cache_bytes", 0)
         if not self.providers or any(p not in PROVIDER_NAMES for p in self.providers):
             raise ConfigError(
                 f"providers={list(self.providers)!r}: "

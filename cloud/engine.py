@@ -30,7 +30,7 @@ from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.metrics import Metrics
 from splitinfer.cloud.overload import DeadlineUnmeetable, ShuttingDown
 from splitinfer.cloud.registry import CutRunner, LoadedVersion, Registry, RuntimeFactory
-from splitinfer.cloud.runtime import Runtime
+from splitinfer.cloud.runtime import segment_factory
 from splitinfer.cloud.tensors import Array, Arrays, bucket, peek_ids, sample_shape, split, stack
 from splitinfer.shared.codecs import RAW
 from splitinfer.shared.errors import ProtocolError
@@ -86,7 +86,7 @@ class Engine:
         config: ServiceConfig,
         *,
         metrics: Metrics | None = None,
-        runtime_factory: RuntimeFactory = Runtime,
+        runtime_factory: RuntimeFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -95,6 +95,8 @@ class Engine:
         self.clock = clock
         self.wall = wall
         self.limits = config.limits()
+        if runtime_factory is None:
+            runtime_factory = segment_factory(self.metrics.registry)
         self.registry = Registry(config, self.metrics, runtime_factory=runtime_factory, clock=clock)
         self.registry.on_retire = self._retired
         self._batchers: dict[str, Batcher[_Pending]] = {}

@@ -37,6 +37,7 @@ class MoERuntime:
         *,
         prefetcher: Executor | None = None,
         metrics: MoEMetrics | None = None,
+        prefetch: bool = True,
     ) -> None:
         import onnxruntime as ort
 
@@ -44,12 +45,14 @@ class MoERuntime:
         self.path = path
         self._own_pool = prefetcher is None
         self.prefetcher = prefetcher or ThreadPoolExecutor(1, thread_name_prefix="moe-prefetch")
+        self.cache = cache
         self.runner = MoERunner(
             path.parent,
             cache,
             program_file=path.name,
             metrics=metrics,
             prefetcher=self.prefetcher,
+            prefetch=prefetch,
             providers=tuple(providers),
         )
         first = next(iter(self.runner.sessions.values()), None)
@@ -80,5 +83,27 @@ def moe_runtime_factory(
         if path.suffix == ".json":
             return MoERuntime(path, config, cache, prefetcher=prefetcher, metrics=metrics)
         return Runtime(path, config)
+
+    return make
+
+
+#: the budget of ``expert_cache_bytes = 0``: no bound
+UNBOUNDED = 1 << 62
+
+
+def cache_config(config: RuntimeConfig) -> CacheConfig:
+    """The expert cache a service's ``[runtime]`` section asks for."""
+    return CacheConfig(config.expert_cache_bytes or UNBOUNDED, config.expert_cache_policy)
+
+
+def moe_service_factory(registry: Any = None) -> Callable[[Path, RuntimeConfig], Any]:
+    """The service's factory for MoE programs: each loaded version gets its own cache of
+    ``expert_cache_bytes``; all of them count in one :class:`MoEMetrics` in ``registry``."""
+    metrics = MoEMetrics(registry)
+
+    def make(path: Path, config: RuntimeConfig) -> Any:
+        return MoERuntime(
+            path, config, cache_config(config), metrics=metrics, prefetch=config.expert_prefetch
+        )
 
     return make
