@@ -240,3 +240,39 @@ def test_config_is_validated() -> None:
         CacheConfig(0)
     assert json.loads(json.dumps(SPEC.to_dict()))["routing"] == "switch"
     assert isinstance(MoEMetrics().registry.collect(), object)
+
+
+def test_evicted_buffers_are_reused_and_hold_the_new_expert(store: ExpertStore) -> None:
+    from splitinfer.cloud.moe.device import NumpyDevice
+
+    device = NumpyDevice(spare=1)
+    cache = cache_of(store, 1, "lru", device=device)
+    first = cache.acquire(0, [2])[2]
+    cache.release(0, [2])
+    second = cache.acquire(0, [5])[5]  # evicts expert 2, pages 5 into its memory
+    cache.release(0, [5])
+    assert second["w1"] is first["w1"]
+    for name in ("w1", "w2"):
+        np.testing.assert_array_equal(second[name], store.read(0, 5)[name])
+    # at most ``spare`` evicted experts wait for reuse
+    device.recycle({"w1": np.zeros((H, D), np.float32), "w2": np.zeros((D, H), np.float32)})
+    device.recycle({"w1": np.ones((H, D), np.float32), "w2": np.ones((D, H), np.float32)})
+    reused = device.upload(store.read(1, 0))
+    fresh = device.upload(store.read(1, 1))
+    assert not np.shares_memory(reused["w1"], fresh["w1"])
+    np.testing.assert_array_equal(fresh["w1"], store.read(1, 1)["w1"])
+
+
+def test_recycling_changes_no_result(store: ExpertStore) -> None:
+    from splitinfer.cloud.moe.device import NumpyDevice
+
+    rng = np.random.default_rng(3)
+    params = [MoELayerParams(SPEC, store.routers[layer]) for layer in range(2)]
+    u = rng.standard_normal((12, D)).astype(np.float32)
+    outs = []
+    for spare in (0, 2):
+        cache = cache_of(store, 1, "lfru", device=NumpyDevice(spare=spare))
+        ex = MoEExecutor(params, cache, prefetch=False)
+        outs.append([ex.forward(layer, u) for layer in (0, 1, 0, 1)])
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -214,8 +214,11 @@ class ExpertCache:
             free += self._entries[k].nbytes
         if free < need:
             return False
+        recycle = getattr(self.device, "recycle", None)
         for k in chosen:
-            del self._entries[k]
+            evicted = self._entries.pop(k)
+            if recycle is not None and evicted.weights is not None:
+                recycle(evicted.weights)
         return True
 
     def _note_peak(self) -> None:
@@ -314,6 +317,9 @@ class ExpertCache:
                 entry.pins -= 1
                 if self.config.policy == "none" and entry.pins == 0:
                     del self._entries[(layer, e)]
+                    recycle = getattr(self.device, "recycle", None)
+                    if recycle is not None and entry.weights is not None:
+                        recycle(entry.weights)
 
     def prefetch(self, layer: int, experts: Sequence[int], protect: Sequence[Key]) -> None:
         """Start loading ``layer``'s ``experts`` in the background, without evicting the
