@@ -2,7 +2,7 @@
 
 Each option is defined once, as a dataclass field with a ``help`` in its
 metadata; ``__post_init__`` rejects a bad value naming it and the fix. The TOML
-file mirrors the dataclasses (``[batching]``, ``[runtime]``, ``[overload]``,
+file mirrors the dataclasses (``[batching]``, ``[runtime]``, ``[overload]``, ``[privacy]``,
 ``[models.<name>]``); :mod:`splitinfer.cloud.cli` generates one flag per scalar
 option from the same fields and takes ``--set models.NAME.KEY=VALUE`` for the
 per-model ones, so every option is also a command-line option.
@@ -83,6 +83,42 @@ class BatchingConfig:
                 f"max_queue_size={self.max_queue_size} is below max_batch_size="
                 f"{self.max_batch_size}; raise it so a full batch can queue"
             )
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Per-device privacy budgets the cloud enforces on noised frames.
+
+    Defence in depth: the edge agent keeps its own budget (docs/privacy.md), but a
+    device that skips it (a bug, or a modified agent) is still held to this one.
+    """
+
+    max_epsilon: float = _opt(
+        0.0,
+        "largest epsilon one device may spend per window on noised frames, composed by "
+        "the accountant (0: not enforced); beyond it 429 with Retry-After",
+        flag="privacy_max_epsilon",
+    )
+    window_s: float = _opt(3600.0, "the budget window, seconds (tumbling)", "privacy_window_s")
+    delta: float = _opt(1e-5, "delta at which a window's epsilon is measured", "privacy_delta")
+    accountant: str = _opt(
+        "rdp",
+        "opacus accountant composing the releases: rdp (0.3 ms a charge here) or prv "
+        "(tighter, but about 0.4 s a charge: not for a busy service)",
+        "privacy_accountant",
+    )
+
+    def __post_init__(self) -> None:
+        _number(self, "max_epsilon")
+        _number(self, "window_s", 1e-3)
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"privacy.delta={self.delta!r}: must be in (0, 1), e.g. 1e-5")
+        if self.accountant not in ("rdp", "prv"):
+            raise ConfigError(f"privacy.accountant={self.accountant!r}: use rdp or prv")
+
+    @property
+    def enforced(self) -> bool:
+        return self.max_epsilon > 0
 
 
 #: eviction policies of the MoE expert cache (``cloud/moe/cache.py`` POLICIES)
@@ -221,6 +257,7 @@ class ServiceConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     overload: OverloadConfig = field(default_factory=OverloadConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     models: Mapping[str, ModelPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -275,6 +312,7 @@ SECTIONS: dict[str, type] = {
     "batching": BatchingConfig,
     "runtime": RuntimeConfig,
     "overload": OverloadConfig,
+    "privacy": PrivacyConfig,
 }
 
 

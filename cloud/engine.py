@@ -43,6 +43,8 @@ from splitinfer.shared.frame import (
     encode_request,
     encode_response,
 )
+from splitinfer.shared.manifest import PrivacySpec
+from splitinfer.shared.privacy import Budget, BudgetPolicy, PrivacyBudgetExhausted
 
 log = logging.getLogger("splitinfer.cloud")
 
@@ -106,6 +108,20 @@ class Engine:
         workers = config.workers or max(2, 2 * config.batching.max_concurrent_batches)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="splitinfer-batch")
         self.closing = False
+        p = config.privacy
+        self.privacy = (
+            Budget(
+                BudgetPolicy(
+                    p.window_s,
+                    p.max_epsilon,
+                    p.delta,
+                    "refuse",
+                    "rdp" if p.accountant == "rdp" else "prv",
+                )
+            )
+            if p.enforced
+            else None
+        )
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -184,6 +200,7 @@ class Engine:
         lv = state.route(ids[1] if ids else "", device, admitted, self.registry.draw())
         runner = lv.runner(ids[2]) if ids else None
         request = decode_request(body, lv.manifest, self.limits, runner.codecs if runner else None)
+        self._check_privacy(lv.manifest.privacy, request.privacy.noise_multiplier, device, model)
         runner = runner or lv.runner(request.cut_id)
         arrays = {t.name: t.array for t in request.tensors}
         outputs, load = await self._submit(model, lv, runner, arrays, request, priority, admitted)
@@ -197,6 +214,30 @@ class Engine:
         spent = self.clock() - admitted
         self.metrics.version(model, lv.version).request_seconds.observe(spent)
         return Served(encoded, lv.version, request.request_id, load, spent)
+
+    def _check_privacy(
+        self, spec: PrivacySpec | None, noise_multiplier: float, device: str, model: str
+    ) -> None:
+        """Refuse a frame noised less than its package asks; charge the device's budget.
+
+        The release has happened once the frame is here, so a charged request that
+        fails later (overload, a failed batch) stays charged.
+        """
+        if spec is not None and noise_multiplier < spec.noise_multiplier * (1 - 1e-9):
+            raise ProtocolError(
+                f"frame.privacy.noise_multiplier: {noise_multiplier:g} is below the package's "
+                f"{spec.noise_multiplier:g} (epsilon {spec.epsilon:g}): the device did not "
+                "apply the package's privacy mechanism"
+            )
+        if self.privacy is None or noise_multiplier <= 0:
+            return
+        try:
+            decision = self.privacy.charge(device or "unsigned", noise_multiplier, self.clock())
+        except PrivacyBudgetExhausted as exc:
+            window = self.privacy.window_end(device or "unsigned")
+            exc.retry_after = max(1.0, window - self.clock())  # type: ignore[attr-defined]
+            raise
+        self.metrics.privacy_epsilon.labels(model).observe(decision.spent)
 
     async def infer_arrays(
         self,

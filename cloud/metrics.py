@@ -141,6 +141,13 @@ class Metrics:
             ["model", "version"],
             registry=r,
         )
+        self.privacy_epsilon = Histogram(
+            "splitinfer_privacy_epsilon_spent",
+            "A device's epsilon spent in its budget window after each charged (noised) frame",
+            ["model"],
+            buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
+            registry=r,
+        )
 
         self._models: dict[str, ModelSeries] = {}
         self._versions: dict[tuple[str, str], VersionSeries] = {}

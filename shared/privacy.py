@@ -371,6 +371,11 @@ class Budget:
             )
         return Decision("local", device_id, spent, p.max_epsilon, ends)
 
+    def window_end(self, device_id: str) -> float:
+        """When ``device_id``'s current window ends (-inf for a device never charged)."""
+        window = self._windows.get(device_id)
+        return -math.inf if window is None else window.start + self.policy.window_s
+
     def _window(self, device_id: str, now: float) -> _Window:
         if not math.isfinite(now):
             raise ConfigError(f"now={now!r} must be a finite clock reading")
