@@ -56,6 +56,7 @@ from splitinfer.partitioner.pipeline import (
     io_spec,
     tensor_spec,
 )
+from splitinfer.partitioner.wirecodec import InputCodec
 from splitinfer.shared.codecs import Int8ZstdCodec
 from splitinfer.shared.costs import Constraints, CutCost, best_across_links, rank
 from splitinfer.shared.errors import ConfigError, ModelError
@@ -87,6 +88,8 @@ class AutoOptions:
     candidates: int = 1
     privacy: PrivacySpec | None = None
     bottleneck: int | None = None
+    #: How the cloud-only cut's inputs travel (``--input-codec``).
+    input_codec: InputCodec = field(default_factory=InputCodec)
     shortlist: int = 6
     synthetic_samples: int = 64
     seed: int = 0
@@ -466,10 +469,12 @@ def _build(
 
     clean = score_outputs(cloud_out(edge_held))
     art.quality.update({"metric": metric, "value": clean, "samples": len(held)})
+    calib_out = cloud_out(edge_calib)
     wire = plan_wire(
         {t: edge_calib[t] for t in crossing},
         dictionary_file=f"codec/{plan.id}.zdict",
-        score=lambda rounded: _agree(metric, cloud_out(edge_calib), cloud_out(rounded)),
+        score=lambda rounded: _agree(metric, calib_out, cloud_out(rounded)),
+        input_codec=opts.input_codec if plan.kind == "none" else None,
     )
     art.codec, art.quant = wire.codec, wire.quant
     art.tensors = tuple(specs)

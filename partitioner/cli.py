@@ -15,7 +15,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from splitinfer import __version__
 from splitinfer.partitioner.cuts import DEFAULT_MAX_CUTS, CutPlan
 from splitinfer.partitioner.loader import parse_input_shapes
 from splitinfer.partitioner.pipeline import (
+    CutArtifacts,
     PackageExtras,
     Prepared,
     Progress,
@@ -39,6 +40,7 @@ from splitinfer.shared.links import Link, parse_duration, parse_rate
 
 if TYPE_CHECKING:
     from splitinfer.partitioner.auto import AutoOptions
+    from splitinfer.partitioner.wirecodec import InputCodec
 
 PRECISIONS = ("int8", "fp16", "fp32")
 OBJECTIVES = ("latency", "edge-energy", "cloud-cost")
@@ -146,6 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--report", type=Path, metavar="PNG", help="draw the per-cut edge/transfer/cloud bar chart"
     )
     p.add_argument(
+        "--input-codec",
+        metavar="auto|raw|png|jpeg[:QUALITY]",
+        help="how the cloud-only cut's inputs travel, as a client uploads them: auto "
+        "(measure int8+zstd, png and jpeg on the calibration samples, keep the smallest "
+        "that holds the agreement), raw, png (lossless on 256-level inputs) or jpeg "
+        "(lossy, QUALITY 1-100, default 90); png and jpeg need image inputs [N, C, H, W] "
+        "with C 1 or 3, or [N, H, W]. With --split none or auto (default there: auto; "
+        "--split none without it: int8+zstd with per-request parameters)",
+    )
+    p.add_argument(
         "--max-cuts",
         type=int,
         default=DEFAULT_MAX_CUTS,
@@ -202,6 +214,8 @@ def _main(argv: Sequence[str] | None) -> int:
         raise ConfigError("-o/--output goes with --split, not --list-cuts")
     if args.list_cuts and (args.precision is not None or args.edge_fallback):
         raise ConfigError("--precision and --edge-fallback go with --split, not --list-cuts")
+    if args.list_cuts and args.input_codec is not None:
+        raise ConfigError("--input-codec goes with --split none or --split auto")
     progress = (lambda _m: None) if args.quiet else stderr_progress
     shapes = parse_input_shapes(args.input_shape)
     prepared = prepare(args.model, shapes, max_cuts=args.max_cuts, progress=progress)
@@ -212,11 +226,19 @@ def _main(argv: Sequence[str] | None) -> int:
         else:
             print(format_table(prepared, prepared.space.plans()))
         return 0
+    input_codec = _input_codec(args, prepared)
     if args.split == "auto":
         return _auto(args, prepared, progress)
     _refuse_auto_only(args)
     plan = prepared.space.find(args.split)
     art = artifacts_for(prepared, plan)
+    if input_codec is not None:
+        if plan.kind != "none":
+            raise ConfigError(
+                f"--input-codec applies to the cloud-only cut; cut {plan.id} is {plan.kind!r}: "
+                "use it with --split none or --split auto"
+            )
+        _plan_inputs(args, prepared, art, input_codec)
     precision = args.precision or "fp32"
     if precision != "fp32" and art.edge is not None:
         from splitinfer.partitioner.auto import AutoOptions, _convert
@@ -238,6 +260,48 @@ def _main(argv: Sequence[str] | None) -> int:
         f"({sides})"
     )
     return 0
+
+
+def _input_codec(args: argparse.Namespace, prepared: Prepared) -> InputCodec | None:
+    """``--input-codec`` parsed, and refused early on a model whose inputs are not images."""
+    from splitinfer.partitioner.pipeline import tensor_spec
+    from splitinfer.partitioner.wirecodec import InputCodec, check_image_inputs
+
+    if args.input_codec is None:
+        return None
+    choice = InputCodec.parse(args.input_codec)
+    none = prepared.space.find("none")
+    check_image_inputs(choice, [tensor_spec(prepared.analysis, t) for t in none.crossing])
+    return choice
+
+
+def _plan_inputs(
+    args: argparse.Namespace, prepared: Prepared, art: CutArtifacts, choice: InputCodec
+) -> None:
+    """The cloud-only cut's codec from the calibration samples, scored by the whole model."""
+    import numpy as np
+
+    from splitinfer.partitioner.auto import _agree, _run
+    from splitinfer.partitioner.wirecodec import plan_wire
+
+    assert art.cloud is not None
+    cloud = art.cloud
+    samples = _calibration(args, prepared)
+    feeds = {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+    out_name = prepared.analysis.outputs[0]
+    ref = _run(cloud, feeds, optimize=True)[out_name]
+    metric = "top1" if ref.ndim == 2 and ref.shape[1] > 1 else "cosine"
+
+    def score(rounded: Mapping[str, Any]) -> float:
+        return _agree(metric, ref, _run(cloud, {**feeds, **rounded}, optimize=True)[out_name])
+
+    name = f"codec/{art.plan.id}.zdict"
+    acts = {t: feeds[t] for t in art.plan.crossing}
+    wire = plan_wire(acts, dictionary_file=name, score=score, input_codec=choice)
+    art.codec, art.quant = wire.codec, wire.quant
+    if wire.dictionary is not None:
+        art.files[name] = wire.dictionary
+    art.quality["wire"] = wire.summary()
 
 
 def _warn(message: str) -> None:
@@ -287,6 +351,7 @@ def _calibration(args: argparse.Namespace, prepared: Prepared) -> list[dict[str,
 def _options(args: argparse.Namespace) -> AutoOptions:
     from splitinfer.partitioner.auto import AutoOptions
     from splitinfer.partitioner.dp import privacy_spec
+    from splitinfer.partitioner.wirecodec import InputCodec
 
     if args.trace is not None:
         link = Link.from_trace(
@@ -317,6 +382,7 @@ def _options(args: argparse.Namespace) -> AutoOptions:
         candidates=args.candidates,
         privacy=privacy,
         bottleneck=args.bottleneck,
+        input_codec=InputCodec.parse(args.input_codec or "auto"),
     )
 
 

@@ -14,25 +14,41 @@ samples and hands the cut activations here:
    ``min_agreement``; otherwise the cut falls back to fp16.
 
 Tensors that are not floats (ids, masks) always travel raw.
+
+The inputs of the cloud-only cut are what a real client uploads: when they are
+image-shaped (``[N, C, H, W]`` with C 1 or 3, or ``[N, H, W]``; float or uint8),
+``plan_wire(input_codec=InputCodec())`` also measures PNG (and JPEG, when a score can
+check its loss) with a per-tensor affine to pixels calibrated on the samples
+(:func:`splitinfer.shared.codecs.calibrate_image`), and keeps the smallest codec
+on held-out samples among those that keep ``min_agreement``. ``partition
+--input-codec`` forces one (:meth:`InputCodec.parse`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
+from splitinfer.shared import images
 from splitinfer.shared.codecs import (
     FLOAT_DTYPES,
+    IMAGE_DTYPES,
+    JPEG_QUALITY,
     Fp16Codec,
     Int8ZstdCodec,
+    JpegCodec,
+    PngCodec,
     QuantParams,
+    calibrate_image,
     calibrate_params,
     dequantize,
     quantize,
 )
-from splitinfer.shared.manifest import CodecSpec, QuantSpec
+from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.manifest import CodecSpec, QuantSpec, TensorSpec
 from splitinfer.shared.package import quant_spec
 
 #: A dictionary must shrink held-out payloads by this fraction to be kept.
@@ -42,6 +58,71 @@ DEFAULT_LEVEL = 1  # as small as level 3 on activations here, about twice as fas
 
 Acts = Mapping[str, np.ndarray]  # tensor name -> [n, ...] activations of n samples
 Score = Callable[[Acts], float]  # agreement of the cloud's answer with these activations
+
+INPUT_CODECS = ("auto", "raw", "png", "jpeg")
+#: JPEG qualities ``--input-codec auto`` measures, when a score can check them.
+AUTO_JPEG_QUALITIES = (90, 75)
+#: uint8 pictures are the pixels: the identity affine (x = u), recorded so that
+#: frames refer to the manifest instead of carrying per-batch parameters.
+IDENTITY = QuantSpec((1.0,), (-128,), None)
+
+
+@dataclass(frozen=True)
+class InputCodec:
+    """How the inputs of the cloud-only cut travel (``partition --input-codec``).
+
+    ``auto`` measures the usual codecs and, for image-shaped inputs, PNG and JPEG,
+    and keeps the smallest that holds the agreement; the others force one codec.
+    ``quality`` is the JPEG quality (1-100) of a forced ``jpeg``.
+    """
+
+    name: str = "auto"
+    quality: int = JPEG_QUALITY
+
+    def __post_init__(self) -> None:
+        if self.name not in INPUT_CODECS:
+            raise ConfigError(f"--input-codec {self.name!r}: use auto, raw, png or jpeg[:QUALITY]")
+        q = self.quality
+        if not isinstance(q, int) or isinstance(q, bool) or not 1 <= q <= 100:
+            raise ConfigError(f"--input-codec jpeg:{q!r}: QUALITY must be an integer in 1..100")
+
+    @classmethod
+    def parse(cls, text: str) -> InputCodec:
+        """``auto``, ``raw``, ``png``, ``jpeg`` or ``jpeg:QUALITY``."""
+        name, sep, quality = text.strip().lower().partition(":")
+        if not sep:
+            return cls(name)
+        if name != "jpeg" or not quality.strip().isdigit():
+            raise ConfigError(
+                f"--input-codec {text!r}: only jpeg takes a quality, as jpeg:QUALITY (1-100)"
+            )
+        return cls(name, int(quality))
+
+    def spec(self) -> CodecSpec:
+        """The manifest's codec entry of a forced codec."""
+        if self.name == "jpeg":
+            return CodecSpec("jpeg", quality=self.quality)
+        return CodecSpec(self.name)
+
+
+def check_image_inputs(choice: InputCodec, tensors: Sequence[TensorSpec]) -> None:
+    """Raise :class:`ConfigError` if ``choice`` forces an image codec on inputs that are
+    not images (every float or uint8 input must be one, and there must be one)."""
+    if choice.name not in ("png", "jpeg"):
+        return
+    carried = [t for t in tensors if t.dtype in IMAGE_DTYPES]
+    for t in carried:
+        if images.layout(t.shape) is None:
+            raise ConfigError(
+                f"--input-codec {choice.name}: input {t.name!r} has {images.describe(t.shape)}; "
+                "use --input-codec raw or auto"
+            )
+    if not carried:
+        names = ", ".join(f"{t.name} ({t.dtype})" for t in tensors) or "none"
+        raise ConfigError(
+            f"--input-codec {choice.name}: no float or uint8 input to carry as an image "
+            f"(inputs: {names}); use --input-codec raw or auto"
+        )
 
 
 @dataclass(frozen=True)
@@ -54,15 +135,27 @@ class WirePlan:
     ratio: float  # fp32 bytes / wire bytes per sample, measured on held-out samples
     wire_bytes: float  # mean payload bytes per sample
     agreement: float | None  # score of the int8 round trip, when a score was given
+    #: Every codec measured for the choice (codec, wire bytes, agreement), image inputs only.
+    tried: tuple[dict[str, Any], ...] = ()
 
-    def summary(self) -> dict[str, float | str | None]:
-        return {
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "codec": self.codec.name,
             "dictionary": self.codec.dictionary,
             "ratio": round(self.ratio, 3),
             "wire_bytes": round(self.wire_bytes, 1),
             "agreement": self.agreement,
         }
+        if self.codec.quality is not None:
+            out["quality"] = self.codec.quality
+        if self.tried:
+            out["tried"] = list(self.tried)
+        return out
+
+    def row(self) -> dict[str, Any]:
+        """This plan as one entry of another plan's ``tried``."""
+        name = self.codec.name + (f":{self.codec.quality}" if self.codec.quality else "")
+        return {"codec": name, "wire_bytes": round(self.wire_bytes, 1), "agreement": self.agreement}
 
 
 #: Above this many channels one scale serves the whole tensor: per-channel
@@ -96,8 +189,34 @@ def plan_wire(
     score: Score | None = None,
     min_agreement: float = 0.99,
     train_dictionary: bool = True,
+    input_codec: InputCodec | None = None,
 ) -> WirePlan:
-    """Measure and choose the codec of one cut from its calibration activations."""
+    """Measure and choose the codec of one cut from its calibration activations.
+
+    ``input_codec`` is given for the cloud-only cut (its tensors are the model
+    inputs): see :class:`InputCodec`.
+    """
+    if input_codec is not None and input_codec.name != "auto":
+        return _forced(acts, input_codec, score)
+    plan = _plan_activations(acts, dictionary_file, level, score, min_agreement, train_dictionary)
+    if input_codec is None or not _all_images(acts):
+        return plan
+    qualities = AUTO_JPEG_QUALITIES if score is not None else ()
+    candidates = [plan, _image_plan(acts, PngCodec(), score)]
+    candidates += [_image_plan(acts, JpegCodec(q), score) for q in qualities]
+    kept = [c for c in candidates[1:] if c.agreement is None or c.agreement >= min_agreement]
+    best = min([plan, *kept], key=lambda c: c.wire_bytes)
+    return replace(best, tried=tuple(c.row() for c in candidates))
+
+
+def _plan_activations(
+    acts: Acts,
+    dictionary_file: str,
+    level: int,
+    score: Score | None,
+    min_agreement: float,
+    train_dictionary: bool,
+) -> WirePlan:
     import zstandard
 
     floats = {k: v for k, v in acts.items() if str(v.dtype) in FLOAT_DTYPES}
@@ -155,6 +274,47 @@ def plan_wire(
         wire,
         agreement,
     )
+
+
+def _all_images(acts: Acts) -> bool:
+    carried = [a for a in acts.values() if str(a.dtype) in IMAGE_DTYPES]
+    return bool(carried) and all(images.layout(a.shape) is not None for a in carried)
+
+
+def _forced(acts: Acts, choice: InputCodec, score: Score | None) -> WirePlan:
+    if choice.name == "raw":
+        n = sum(a[:1].nbytes for a in acts.values())
+        return WirePlan(CodecSpec("raw"), {}, None, 1.0, float(n), None)
+    specs = [TensorSpec(k, str(a.dtype), a.shape) for k, a in acts.items()]
+    check_image_inputs(choice, specs)
+    codec = PngCodec() if choice.name == "png" else JpegCodec(choice.quality)
+    return _image_plan(acts, codec, score)
+
+
+def _image_plan(acts: Acts, codec: PngCodec | JpegCodec, score: Score | None) -> WirePlan:
+    """An image codec's plan: per-tensor affine to pixels, bytes on held-out samples."""
+    carried = {k: a for k, a in acts.items() if str(a.dtype) in IMAGE_DTYPES}
+    params = {k: calibrate_image(a) for k, a in carried.items() if str(a.dtype) != "uint8"}
+    n = min(a.shape[0] for a in acts.values())
+    split = max(1, n // 2) if n >= 8 else n
+    held = range(split, n) if split < n else range(n)
+    sent = sum(
+        len(codec.encode(a[i : i + 1], params.get(k))) for k, a in carried.items() for i in held
+    )
+    other = sum(a[:1].nbytes for k, a in acts.items() if k not in carried)
+    wire = sent / len(held) + other
+    agreement = None
+    if score is not None:
+        rounded = dict(acts)
+        for k, a in carried.items():
+            p = params.get(k)
+            data = codec.encode(a, p)
+            rounded[k] = codec.decode(data, str(a.dtype), a.shape, p, max(len(data), a.nbytes))
+        agreement = float(score(rounded))
+    spec = CodecSpec("jpeg", quality=codec.quality) if isinstance(codec, JpegCodec) else None
+    quant = {k: quant_spec(params[k]) if k in params else IDENTITY for k in carried}
+    raw_bytes = sum(a[:1].nbytes for a in acts.values())
+    return WirePlan(spec or CodecSpec("png"), quant, None, raw_bytes / wire, wire, agreement)
 
 
 def _raw_int8(a: np.ndarray, p: QuantParams) -> list[bytes]:

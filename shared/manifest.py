@@ -45,7 +45,7 @@ class TensorSpec:
 
 
 PRECISIONS = ("fp32", "fp16", "int8")
-CODEC_NAMES = ("raw", "fp16", "int8", "int8+zstd")
+CODEC_NAMES = ("raw", "fp16", "int8", "int8+zstd", "png", "jpeg")
 CUT_KINDS = ("none", "all", "split")
 
 
@@ -80,11 +80,21 @@ class Segment:
 
 @dataclass(frozen=True)
 class CodecSpec:
-    """How the cut tensors travel: the wire codec and its settings."""
+    """How the cut tensors travel: the wire codec and its settings.
+
+    ``png`` and ``jpeg`` carry image-shaped tensors (the inputs of a cloud-only
+    cut); their float-to-pixel mapping is the tensor's :class:`QuantSpec`
+    (``x = (u - 128 - zero_point) * scale`` for pixel u), ``quality`` the JPEG
+    quality (1-100; null for the other codecs).
+    """
 
     name: str = "int8+zstd"
     level: int = 1
     dictionary: str | None = None  # a file in the package: a zstd dictionary
+    quality: int | None = None  # jpeg only
+
+    def __post_init__(self) -> None:
+        _check_quality(self.name, self.quality, "codec")
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> CodecSpec:
@@ -97,12 +107,29 @@ class CodecSpec:
             if not isinstance(dictionary, str):
                 raise PackageError(f"{where}.dictionary: expected a file name or null")
             _check_relative(dictionary, f"{where}.dictionary")
-        return cls(name=name, level=int(obj.get("level", 1)), dictionary=dictionary)
+        quality = obj.get("quality")
+        _check_quality(name, quality, where)
+        return cls(
+            name=name, level=int(obj.get("level", 1)), dictionary=dictionary, quality=quality
+        )
+
+
+def _check_quality(name: str, quality: Any, where: str) -> None:
+    if quality is None:
+        return
+    if name != "jpeg":
+        raise PackageError(f"{where}.quality: {quality!r} given, but only the jpeg codec has one")
+    if not isinstance(quality, int) or isinstance(quality, bool) or not 1 <= quality <= 100:
+        raise PackageError(f"{where}.quality: {quality!r} is not an integer in [1, 100]")
 
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """Calibrated int8 parameters of one cut tensor (per channel along ``axis``)."""
+    """Calibrated int8 parameters of one cut tensor (per channel along ``axis``).
+
+    The image codecs read the same fields as the affine to pixels (per tensor):
+    ``x = offset + scale * u`` with ``offset = -(128 + zero_point) * scale``.
+    """
 
     scale: tuple[float, ...]
     zero_point: tuple[int, ...]

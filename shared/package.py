@@ -16,11 +16,16 @@ from splitinfer.shared.codecs import (
     FP16,
     INT8,
     INT8_ZSTD,
+    JPEG,
+    JPEG_QUALITY,
+    PNG,
     RAW,
     Codec,
     Fp16Codec,
     Int8Codec,
     Int8ZstdCodec,
+    JpegCodec,
+    PngCodec,
     QuantParams,
     RawCodec,
 )
@@ -35,7 +40,14 @@ from splitinfer.shared.manifest import (
 )
 
 #: Wire id of each codec name the manifest may give.
-CODEC_IDS = {"raw": RAW, "fp16": FP16, "int8": INT8, "int8+zstd": INT8_ZSTD}
+CODEC_IDS = {
+    "raw": RAW,
+    "fp16": FP16,
+    "int8": INT8,
+    "int8+zstd": INT8_ZSTD,
+    "png": PNG,
+    "jpeg": JPEG,
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,8 @@ class Package:
             zstd = Int8ZstdCodec(level=spec.level, dictionary=dictionary)
         except CodecError as exc:
             raise PackageError(f"cut {cut.id}: codec: {exc}") from exc
-        codecs: list[Codec] = [RawCodec(), Fp16Codec(), Int8Codec(), zstd]
+        jpeg = JpegCodec(spec.quality if spec.quality is not None else JPEG_QUALITY)
+        codecs: list[Codec] = [RawCodec(), Fp16Codec(), Int8Codec(), zstd, PngCodec(), jpeg]
         return CODEC_IDS[spec.name], {c.id: c for c in codecs}
 
 

@@ -16,6 +16,8 @@ from splitinfer.shared.codecs import (
     FP16,
     INT8,
     INT8_ZSTD,
+    JPEG,
+    PNG,
     RAW,
     Int8ZstdCodec,
     QuantParams,
@@ -162,7 +164,7 @@ def test_quant_params_are_validated(scale: tuple, zero: tuple, axis: int, match:
 def test_unknown_codec_id() -> None:
     with pytest.raises(CodecError, match="unknown codec id 9"):
         get_codec(9)
-    assert set(DEFAULT_CODECS) == {RAW, FP16, INT8, INT8_ZSTD}
+    assert set(DEFAULT_CODECS) == {RAW, FP16, INT8, INT8_ZSTD, PNG, JPEG}
 
 
 def _bomb(size: int, content_size: bool) -> bytes:
