@@ -326,6 +326,9 @@ def _answer(request: web.Request, result: Result, kind: str, pipeline: Pipeline)
         headers[H_REASON] = result.reason.split(":")[0]
     if result.model_version:
         headers["X-Splitinfer-Model-Version"] = result.model_version
+    if not result.local:  # what this request put on the wire (frames, not HTTP framing)
+        headers["X-Splitinfer-Up-Bytes"] = str(result.up_bytes)
+        headers["X-Splitinfer-Down-Bytes"] = str(result.down_bytes)
     timed = H_TIMINGS in request.headers
     if timed:
         headers[H_TIMINGS] = timing_header(result, pipeline)
@@ -372,6 +375,7 @@ async def status(request: web.Request) -> web.Response:
         "cloud_overloaded": pipeline.chooser.loaded,
         "endpoints": pipeline.uplink.states() if pipeline.uplink is not None else {},
         "local_model": pipeline.local_runner() is not None,
+        "emulated_device": state.model.emulated,
         "edge_ms": {k: v * 1e3 for k, v in pipeline.edge_s.items()},
         "queue": {"running": state.admission.running, "waiting": state.admission.waiting},
         "providers": sorted(

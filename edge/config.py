@@ -61,6 +61,10 @@ class RuntimeConfig:
     trt_workspace_mb: int = 1024
     #: Check every package file against its sha256 at start.
     verify: bool = True
+    #: Emulate a slower device (tests, netsim): a built-in edge profile name or a measured
+    #: profile JSON, as partition --edge-profile reads; each edge segment run is stretched
+    #: to the profile's time for its nodes. Unset: off.
+    emulate_device: str | None = None
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -70,6 +74,11 @@ class RuntimeConfig:
         _at_least("runtime.threads", self.threads, 0, "0 lets ONNX Runtime choose")
         _at_least("runtime.gpu", self.gpu, 0, "give the CUDA device index, e.g. 0")
         _at_least("runtime.trt_workspace_mb", self.trt_workspace_mb, 16, "e.g. 1024")
+        if self.emulate_device is not None and not self.emulate_device.strip():
+            raise ConfigError(
+                "runtime.emulate_device='' is empty; give a built-in edge profile name "
+                "(e.g. jetson-orin-nano) or a profile JSON, or leave it unset"
+            )
 
 
 @dataclass(frozen=True)
@@ -438,6 +447,7 @@ _NAMED_METAVARS = {
     "prior_rtt": "DURATION",
     "on_exhausted": "refuse|local",
     "accountant": "prv|rdp",
+    "emulate_device": "PROFILE",
 }
 
 

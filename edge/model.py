@@ -78,6 +78,8 @@ class EdgeModel:
     #: Codecs that decode response frames (the cloud answers with any registered one).
     response_codecs: Mapping[int, Codec]
     device: DeviceInfo
+    #: The slower device this model emulates (``runtime.emulate_device``); None: this one.
+    emulated: str | None = None
 
     @property
     def manifest(self) -> Manifest:
@@ -193,4 +195,12 @@ def load_model(
     if manifest.fallback is not None:
         seg = manifest.fallback
         fallback = open_segment(package.file(seg), seg, config, device, providers)
-    return EdgeModel(package, runtimes, fallback, default_codecs(), device)
+    model = EdgeModel(package, runtimes, fallback, default_codecs(), device)
+    if config.emulate_device is not None:
+        from splitinfer.edge.emulate import describe, emulate
+
+        model = emulate(model, config.emulate_device)
+        log.info(
+            "emulating device %s: edge segments at batch 1: %s", model.emulated, describe(model)
+        )
+    return model

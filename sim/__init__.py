@@ -8,9 +8,11 @@
   loopback through two shapers;
 * :mod:`~splitinfer.sim.scenario`: :class:`Scenario`, a scenario TOML file;
 * :mod:`~splitinfer.sim.strategies`: one split package per strategy;
-* :mod:`~splitinfer.sim.device`: a slower edge device from a node profile;
-* :mod:`~splitinfer.sim.runner`: the cloud service, edge devices behind links, the
-  workload;
+* :mod:`~splitinfer.sim.device`: a slower edge device as a profile;
+* :mod:`~splitinfer.sim.cloud`: ``cloud-service`` as a subprocess;
+* :mod:`~splitinfer.sim.agents`: ``edge-agent`` subprocesses and their local API;
+* :mod:`~splitinfer.sim.runner`: edge devices behind links, the workload, one
+  strategy and one scenario;
 * :mod:`~splitinfer.sim.report`: the JSON report, plots and the comparison table;
 * :mod:`~splitinfer.sim.cli`: the ``netsim`` command (``link``, ``run``, ``compare``).
 

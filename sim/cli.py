@@ -249,7 +249,9 @@ def _describe(scenario: Any) -> dict[str, Any]:
         "link": scenario.link.describe(),
         "backup_link": scenario.backup_link.describe() if scenario.backup_link else None,
         "agents": scenario.edge.agents,
+        "agent_mode": scenario.edge.mode,
         "slowdown": scenario.edge.slowdown,
+        "device": scenario.edge.device,
         "workload": dataclasses.asdict(scenario.workload),
         "strategies": list(scenario.strategies),
     }

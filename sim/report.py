@@ -34,6 +34,8 @@ def summarize(run: StrategyRun) -> dict[str, Any]:
     ok = [r for r in run.records if r.ok]
     lat = [r.latency_s for r in ok]
     eps = [r.epsilon for r in run.records if r.epsilon is not None]
+    if run.epsilon_spent is not None:
+        eps.append(run.epsilon_spent)
     n = len(run.records)
     return {
         "strategy": run.strategy,

@@ -1,12 +1,14 @@
 """Running a scenario: a cloud service, edge devices behind emulated links, a workload.
 
-* :class:`CloudService`: ``cloud-service`` as a subprocess on a free loopback port
-  (``--no-auth``), serving every strategy's package as a version of the model;
-* :class:`EdgeDevice`: the edge agent's in-process pipeline
-  (:class:`~splitinfer.edge.pipeline.Pipeline`), its uplink over real HTTP
-  (:class:`~splitinfer.edge.transport.HttpTransport`) to one
-  :class:`~splitinfer.sim.link.EmulatedLink` per cloud endpoint, its health-check
-  loop, and its compute on its own thread, stretched by the device's slowdown;
+* :class:`~splitinfer.sim.cloud.CloudService`: ``cloud-service`` as a subprocess on a
+  free loopback port (``--no-auth``), serving every strategy's package as a version;
+* edge devices, each behind one :class:`~splitinfer.sim.link.EmulatedLink` per
+  cloud endpoint: ``edge-agent`` subprocesses (``edge.mode = "process"``, the
+  default; :mod:`~splitinfer.sim.agents`) or, in process, :class:`EdgeDevice`:
+  the agent's pipeline (:class:`~splitinfer.edge.pipeline.Pipeline`), its uplink
+  over real HTTP (:class:`~splitinfer.edge.transport.HttpTransport`), its
+  health-check loop, and its compute on its own thread. Either way the device's
+  profile stretches the edge segments (``edge/emulate.py``);
 * :func:`drive`: the workload (Poisson arrivals or a closed loop) for a duration,
   one :class:`RequestRecord` per request: latency, cut, bytes, errors, epsilon;
 * :func:`run_strategy` and :func:`run_scenario`: all of it, strategy by strategy,
@@ -20,158 +22,40 @@ import contextlib
 import dataclasses
 import logging
 import random
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from splitinfer.edge.config import AdaptConfig, UplinkConfig
 from splitinfer.edge.failover import Uplink
-from splitinfer.edge.model import EdgeModel, load_model
+from splitinfer.edge.model import EdgeModel, load_model, sample_inputs
 from splitinfer.edge.pipeline import Pipeline
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
-from splitinfer.shared.errors import ConfigError, SplitInferError
+from splitinfer.shared.errors import SplitInferError
+from splitinfer.sim.cloud import CloudService, batch_sizes
 from splitinfer.sim.config import LinkConfig
-from splitinfer.sim.device import device_times, slowed
+from splitinfer.sim.device import emulated
 from splitinfer.sim.link import EmulatedLink
-from splitinfer.sim.scenario import CloudSpec, Scenario
+from splitinfer.sim.scenario import Scenario
 from splitinfer.sim.strategies import Strategy
+
+__all__ = [
+    "CloudService",
+    "RequestRecord",
+    "StrategyRun",
+    "batch_sizes",
+    "run_scenario",
+    "run_strategy",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Array = np.ndarray[Any, Any]
-
-#: Seconds the cloud service may take to print its address and become ready.
-CLOUD_START_S = 60.0
-
-
-# -- the cloud service ------------------------------------------------------------------
-
-
-class CloudService:
-    """``cloud-service`` as a subprocess; ``url`` once started. Its stderr goes to
-    ``log_path``. Every version of ``models`` is served (``versions = "all"``)."""
-
-    def __init__(
-        self, repository: Path, models: Sequence[str], spec: CloudSpec, log_path: Path
-    ) -> None:
-        self.repository = repository
-        self.models = list(models)
-        self.spec = spec
-        self.log_path = log_path
-        self.url = ""
-        self._proc: asyncio.subprocess.Process | None = None
-        self._drain: asyncio.Task[None] | None = None
-
-    def argv(self) -> list[str]:
-        argv = [
-            sys.executable,
-            "-m",
-            "splitinfer.cloud.cli",
-            "--repository",
-            str(self.repository),
-            "--listen",
-            "127.0.0.1:0",
-            "--no-auth",
-            "--log-level",
-            "warning",
-            "--max-batch-size",
-            str(self.spec.max_batch_size),
-            "--max-queue-delay-ms",
-            f"{self.spec.max_queue_delay_ms:g}",
-            "--batching" if self.spec.batching else "--no-batching",
-        ]
-        for model in self.models:
-            argv += ["--set", f'models.{model}.versions="all"']
-        return argv
-
-    async def start(self) -> str:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as err:
-            self._proc = await asyncio.create_subprocess_exec(
-                *self.argv(), stdout=asyncio.subprocess.PIPE, stderr=err
-            )
-        assert self._proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), CLOUD_START_S)
-        except TimeoutError:
-            line = b""
-        text = line.decode(errors="replace").strip()
-        marker = "listening on "
-        if marker not in text:
-            await self.stop()
-            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:]
-            raise ConfigError(f"cloud-service did not start: {tail[0] if tail else text!r}")
-        self.url = text.split(marker, 1)[1].split()[0].rstrip("/")
-        self._drain = asyncio.create_task(self._drain_stdout())
-        await self._wait_ready()
-        return self.url
-
-    async def _drain_stdout(self) -> None:
-        assert self._proc is not None
-        assert self._proc.stdout is not None
-        while await self._proc.stdout.readline():
-            pass
-
-    async def _wait_ready(self) -> None:
-        import aiohttp
-
-        deadline = time.monotonic() + CLOUD_START_S
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                with contextlib.suppress(aiohttp.ClientError, OSError):
-                    async with session.get(self.url + "/readyz") as resp:
-                        if resp.status == 200:
-                            return
-                await asyncio.sleep(0.1)
-        raise ConfigError(f"cloud-service at {self.url} was not ready in {CLOUD_START_S:g} s")
-
-    async def get(self, path: str) -> str:
-        import aiohttp
-
-        async with aiohttp.ClientSession() as session, session.get(self.url + path) as resp:
-            return await resp.text()
-
-    async def stop(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10.0)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        if self._drain is not None:
-            self._drain.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drain
-        self._proc = None
-
-    async def __aenter__(self) -> CloudService:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-
-def batch_sizes(metrics_text: str) -> dict[str, float]:
-    """``{"count": batches, "sum": samples}`` of ``splitinfer_batch_size`` (all labels)."""
-    out = {"count": 0.0, "sum": 0.0}
-    for line in metrics_text.splitlines():
-        for key in out:
-            prefix = f"splitinfer_batch_size_{key}"
-            if line.startswith(prefix + "{") or line.startswith(prefix + " "):
-                out[key] += float(line.rsplit(" ", 1)[1])
-    return out
-
 
 # -- one edge device --------------------------------------------------------------------
 
@@ -210,7 +94,7 @@ class EdgeDevice:
         scenario: Scenario,
         links: Sequence[EmulatedLink],
         model: EdgeModel,
-        node_times: Mapping[str, float] | None = None,
+        device: str | None = None,
     ) -> None:
         self.index = index
         self.strategy = strategy
@@ -230,7 +114,7 @@ class EdgeDevice:
             min_rate_bytes=edge.min_rate_bytes,
             link_half_life_s=edge.link_half_life_s,
         )
-        self.model = slowed(model, node_times)
+        self.model = emulated(model, device)
         self.request_timeout_s = edge.request_timeout_s
         self.headers = {"X-Splitinfer-Device": f"sim-{index}"}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"edge-{index}")
@@ -308,8 +192,16 @@ class EdgeDevice:
 # -- the workload -----------------------------------------------------------------------
 
 
+class Device(Protocol):
+    """What the workload needs of an edge device (in process or an agent process)."""
+
+    index: int
+
+    async def infer(self, inputs: Mapping[str, Array]) -> RequestRecord: ...
+
+
 async def drive(
-    device: EdgeDevice,
+    device: Device,
     kind: str,
     rate: float,
     concurrency: int,
@@ -371,6 +263,8 @@ class StrategyRun:
     #: batches and samples the cloud ran during this strategy
     cloud_batches: float = 0.0
     cloud_samples: float = 0.0
+    #: the largest privacy budget spent by an agent (its /v1/status); None: no budget
+    epsilon_spent: float | None = None
 
 
 @contextlib.asynccontextmanager
@@ -411,57 +305,131 @@ async def run_strategy(
     cloud: CloudService,
     *,
     samples: Sequence[Mapping[str, Array]] | None = None,
-    profile: Path | None = None,
+    profile: Path | str | None = None,
+    logs: Path | None = None,
 ) -> StrategyRun:
-    """One strategy: its agents behind fresh links, the workload, the counters."""
+    """One strategy: its agents behind fresh links, the workload, the counters.
+    ``profile``: the device (see :func:`~splitinfer.sim.strategies.device_profile`);
+    ``logs``: the folder of the agent processes' logs (default: beside the package)."""
+    from splitinfer.shared.manifest import load_manifest
+
     edge = scenario.edge
     work = scenario.workload
-    models = [load_model(strategy.package) for _ in range(edge.agents)]
-    node_times = device_times(profile)
+    profile = None if profile is None else str(profile)
     if samples is None:
-        samples = [models[0].sample_inputs(work.batch, seed=s) for s in range(8)]
+        manifest = load_manifest(strategy.package)
+        samples = [sample_inputs(manifest, work.batch, seed=s) for s in range(8)]
     configs = [scenario.link] + ([scenario.backup_link] if scenario.backup_link else [])
     before = batch_sizes(await cloud.get("/metrics"))
     async with _links(configs, _target(cloud.url), edge.agents, edge.shared_link) as rows:
-        devices = [
-            EdgeDevice(i, strategy, scenario, rows[i], models[i], node_times)
-            for i in range(edge.agents)
-        ]
-        try:
-            await asyncio.gather(*(d.start() for d in devices))
-            t0 = time.monotonic()
-            per_agent = await asyncio.gather(
-                *(
-                    drive(
-                        d,
-                        work.kind,
-                        work.rate,
-                        work.concurrency,
-                        work.duration_s,
-                        samples,
-                        seed=scenario.seed + d.index,
-                    )
-                    for d in devices
-                )
-            )
-            elapsed = time.monotonic() - t0
-        finally:
-            for d in devices:
-                await d.stop()
+        if edge.mode == "process":
+            log_dir = logs or strategy.package.parent.parent.parent / "agent-logs"
+            run = await _run_processes(scenario, strategy, rows, samples, profile, log_dir)
+        else:
+            run = await _run_inprocess(scenario, strategy, rows, samples, profile)
         links = {id(link): link for row in rows for link in row}.values()
-        up = sum(link.uplink_stats.delivered_bytes for link in links)
-        down = sum(link.downlink_stats.delivered_bytes for link in links)
+        run.link_up_bytes = sum(link.uplink_stats.delivered_bytes for link in links)
+        run.link_down_bytes = sum(link.downlink_stats.delivered_bytes for link in links)
     after = batch_sizes(await cloud.get("/metrics"))
+    run.cloud_batches = after["count"] - before["count"]
+    run.cloud_samples = after["sum"] - before["sum"]
+    return run
+
+
+async def _drive_all(
+    scenario: Scenario, devices: Sequence[Device], samples: Sequence[Mapping[str, Array]]
+) -> tuple[list[RequestRecord], float]:
+    work = scenario.workload
+    t0 = time.monotonic()
+    per_agent = await asyncio.gather(
+        *(
+            drive(
+                d,
+                work.kind,
+                work.rate,
+                work.concurrency,
+                work.duration_s,
+                samples,
+                seed=scenario.seed + d.index,
+            )
+            for d in devices
+        )
+    )
+    return [r for rs in per_agent for r in rs], time.monotonic() - t0
+
+
+async def _run_inprocess(
+    scenario: Scenario,
+    strategy: Strategy,
+    rows: Sequence[Sequence[EmulatedLink]],
+    samples: Sequence[Mapping[str, Array]],
+    profile: str | None,
+) -> StrategyRun:
+    edge = scenario.edge
+    models = [load_model(strategy.package) for _ in range(edge.agents)]
+    devices = [
+        EdgeDevice(i, strategy, scenario, rows[i], models[i], profile) for i in range(edge.agents)
+    ]
+    try:
+        await asyncio.gather(*(d.start() for d in devices))
+        records, elapsed = await _drive_all(scenario, devices, samples)
+    finally:
+        for d in devices:
+            await d.stop()
     switches = sum(d.pipeline.chooser.switches for d in devices if d.pipeline is not None)
+    return StrategyRun(strategy.name, records, elapsed, switches=switches)
+
+
+async def _run_processes(
+    scenario: Scenario,
+    strategy: Strategy,
+    rows: Sequence[Sequence[EmulatedLink]],
+    samples: Sequence[Mapping[str, Array]],
+    profile: str | None,
+    log_dir: Path,
+) -> StrategyRun:
+    import aiohttp
+
+    from splitinfer.sim.agents import (
+        AgentProcess,
+        ProcessDevice,
+        agent_argv,
+        agent_status,
+        started,
+    )
+
+    edge = scenario.edge
+    model = f"{strategy.package.parent.name}:{strategy.version}"
+    agents = [
+        AgentProcess(
+            agent_argv(
+                i,
+                strategy.package,
+                model,
+                scenario,
+                rows[i],
+                adaptive=strategy.adaptive,
+                device=profile,
+            ),
+            log_dir / f"{strategy.version}-agent{i}.log",
+        )
+        for i in range(edge.agents)
+    ]
+    connector = aiohttp.TCPConnector(limit=0)
+    async with started(agents) as urls, aiohttp.ClientSession(connector=connector) as session:
+        devices = [
+            ProcessDevice(i, url, rows[i], session, edge.request_timeout_s)
+            for i, url in enumerate(urls)
+        ]
+        records, elapsed = await _drive_all(scenario, devices, samples)
+        states = await asyncio.gather(*(agent_status(session, u) for u in urls))
+    spent = [s["privacy_epsilon_spent"] for s in states if "privacy_epsilon_spent" in s]
     return StrategyRun(
-        strategy=strategy.name,
-        records=[r for rs in per_agent for r in rs],
-        duration_s=elapsed,
-        link_up_bytes=up,
-        link_down_bytes=down,
-        switches=switches,
-        cloud_batches=after["count"] - before["count"],
-        cloud_samples=after["sum"] - before["sum"],
+        strategy.name,
+        records,
+        elapsed,
+        switches=sum(int(s.get("switches", 0)) for s in states),
+        epsilon_spent=max(spent) if spent else None,
     )
 
 
@@ -478,5 +446,9 @@ async def run_scenario(scenario: Scenario, out_dir: Path) -> list[StrategyRun]:
     async with CloudService(repo, models, scenario.cloud, out_dir / "cloud-service.log") as cloud:
         for strategy in strategies:
             log.info("running %s", strategy.name)
-            runs.append(await run_strategy(scenario, strategy, cloud, profile=profile))
+            runs.append(
+                await run_strategy(
+                    scenario, strategy, cloud, profile=profile, logs=out_dir / "agent-logs"
+                )
+            )
     return runs

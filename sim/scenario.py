@@ -8,7 +8,9 @@ the workload and the cloud's batching, as frozen dataclasses read from TOML.
 
     [edge]
     agents = 1                             # edge devices, each behind its own link
+    mode = "process"                       # edge-agent processes, or "inprocess" pipelines
     slowdown = 50                          # the device computes this many times slower
+    # device = "jetson-orin-nano"          # or a device profile (built-in name or JSON)
     shared_link = false                    # true: every agent behind one link
     fallback = false                       # package the full model for local answers
     timeout_s = 2                          # one uplink attempt
@@ -50,6 +52,7 @@ from splitinfer.sim.config import LinkConfig
 
 STRATEGY_WORDS = ("edge-only", "cloud-only", "cuts", "auto", "adaptive")
 WORKLOAD_KINDS = ("poisson", "closed")
+AGENT_MODES = ("process", "inprocess")
 _CUT_ID = re.compile(r"^cut:[A-Za-z0-9._-]+$")
 _TOP_KEYS = ("name", "model", "strategies", "candidates", "seed", "input_shape")
 _TABLES = ("edge", "workload", "link", "backup_link", "cloud")
@@ -80,8 +83,14 @@ class EdgeSpec:
 
     #: edge agents, each behind its own link (or all behind one, shared_link)
     agents: int = 1
+    #: "process": each agent is an ``edge-agent`` subprocess, the workload calls its local
+    #: API; "inprocess": the agent's pipeline in this process (faster to start)
+    mode: str = "process"
     #: the device computes this many times slower than this machine (1: as fast)
     slowdown: float = 1.0
+    #: the device as a profile ``partition --edge-profile`` reads (a built-in name or a
+    #: profile JSON); None: this machine, slowed by ``slowdown``
+    device: str | None = None
     #: every agent behind one link: they share its capacity
     shared_link: bool = False
     #: package the whole model too (partition --edge-fallback): answer locally when
@@ -100,7 +109,19 @@ class EdgeSpec:
 
     def __post_init__(self) -> None:
         _number(self.agents, "edge.agents", low=1, integer=True)
+        if self.mode not in AGENT_MODES:
+            raise ConfigError(f"edge.mode={self.mode!r} must be one of {', '.join(AGENT_MODES)}")
         _number(self.slowdown, "edge.slowdown", low=1)
+        if self.device is not None:
+            if not isinstance(self.device, str) or not self.device.strip():
+                raise ConfigError(
+                    f"edge.device={self.device!r} must be a built-in profile name or a JSON path"
+                )
+            if self.slowdown != 1:
+                raise ConfigError(
+                    f"edge.device={self.device!r} and edge.slowdown={self.slowdown:g} both "
+                    "describe the device: keep one"
+                )
         _number(self.timeout_s, "edge.timeout_s", low=0.01)
         _number(self.request_timeout_s, "edge.request_timeout_s", low=0.01)
         _number(self.min_dwell, "edge.min_dwell", low=1, integer=True)
@@ -234,6 +255,10 @@ def scenario_from_dict(doc: Mapping[str, Any], base: Path) -> Scenario:
             kwargs[key] = tuple(value)
     edge = _table(doc, "edge")
     _take(edge, "edge", tuple(EdgeSpec.__dataclass_fields__))
+    device = edge.get("device")
+    if isinstance(device, str) and (device.endswith(".json") or "/" in device):
+        path = Path(device).expanduser()
+        edge["device"] = str(path if path.is_absolute() else base / path)
     kwargs["edge"] = EdgeSpec(**edge)
     work = _table(doc, "workload")
     _take(work, "workload", ("kind", "rate", "concurrency", "duration", "batch"))

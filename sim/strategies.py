@@ -5,18 +5,19 @@ Every strategy's package is one *version* of the model in one cloud repository
 side and an agent asks for its strategy's version:
 
 * ``edge-only``: ``--split all``;
-* ``cloud-only``: ``--split none``: the input is encoded with the package's codec
+* ``cloud-only``: ``--split none``: an image input travels as PNG (``--input-codec png``),
+  as a real client uploads a picture; any other input with the package's codec
   (int8 + zstd, what a device that compresses its input would send);
 * ``cut:ID``: ``--split ID``; ``cuts``: every valid split cut;
-* ``auto``: ``--split auto`` planned for this device (a node profile measured
-  here and stretched by the device's slowdown) and the link's mean rates;
+* ``auto``: ``--split auto`` planned for this device (``edge.device``, or a node
+  profile measured here and stretched by the device's slowdown) and the link's
+  mean rates;
 * ``adaptive``: the same with ``--candidates K``: the agent switches at run time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 import math
@@ -79,24 +80,6 @@ def expand(strategies: Sequence[str], model: Path, input_shape: Sequence[str] = 
     return out
 
 
-def slowed_profile(package: Path, slowdown: float, out: Path) -> Path:
-    """A node profile of ``package``'s whole model measured here, times x ``slowdown``:
-    what ``partition --edge-profile`` plans with for a device that much slower."""
-    from splitinfer.edge.profile import profile_package
-
-    measured = profile_package(package, runs=5, warmup=2).profile
-    k = float(slowdown)
-    slowed = dataclasses.replace(
-        measured,
-        device=f"{measured.device} x{k:g} slower (emulated)",
-        times={b: {n: t * k for n, t in nodes.items()} for b, nodes in measured.times.items()},
-        wall={b: t * k for b, t in measured.wall.items()},
-        unattributed_s={b: t * k for b, t in measured.unattributed_s.items()},
-    )
-    slowed.save(out)
-    return out
-
-
 def planning_flags(link: LinkConfig) -> list[str]:
     """``--uplink/--downlink/--rtt`` for the link's mean rates (a trace: its mean)."""
     flags = ["--rtt", f"{2 * link.delay_ms:g}ms"]
@@ -107,8 +90,27 @@ def planning_flags(link: LinkConfig) -> list[str]:
     return flags
 
 
+def client_codec(model: Path) -> list[str]:
+    """How a real client uploads the raw input: pictures as PNG (8 bits a pixel, as a
+    camera gives them), anything else with the package's usual codec."""
+    import onnx
+
+    from splitinfer.shared.images import layout
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    initializers = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in initializers]
+    shapes = [
+        [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
+        for dims in (i.type.tensor_type.shape.dim for i in inputs)
+    ]
+    if shapes and all(layout(shape) is not None for shape in shapes):
+        return ["--input-codec", "png"]
+    return []
+
+
 def build(
-    scenario: Scenario, repo: Path, work: Path, profile: Path | None = None
+    scenario: Scenario, repo: Path, work: Path, profile: Path | str | None = None
 ) -> list[Strategy]:
     """Partition ``scenario.model`` once per strategy into ``repo/<model>/<version>``;
     ``auto`` and ``adaptive`` plan with the device's node ``profile`` (None: measure
@@ -134,7 +136,7 @@ def build(
         elif name == "edge-only":
             extra = ["--split", "all"]
         elif name == "cloud-only":
-            extra = ["--split", "none"]
+            extra = ["--split", "none", *client_codec(model)]
         else:
             extra = ["--split", name.split(":", 1)[1]]
         try:
@@ -151,9 +153,14 @@ def build(
     return built
 
 
-def device_profile(scenario: Scenario, work: Path) -> Path | None:
-    """The node profile of the scenario's device: the whole model measured here, times
-    ``edge.slowdown`` (None for slowdown 1: the device is this machine)."""
+def device_profile(scenario: Scenario, work: Path) -> str | None:
+    """The scenario's device as a profile ``partition --edge-profile`` and ``edge-agent
+    --runtime-emulate-device`` read: ``edge.device``, else the whole model measured here
+    times ``edge.slowdown`` (a JSON in ``work``); None for this machine."""
+    from splitinfer.sim.device import slowed_profile
+
+    if scenario.edge.device is not None:
+        return scenario.edge.device
     if scenario.edge.slowdown <= 1:
         return None
     shapes = [a for s in scenario.input_shape for a in ("--input-shape", s)]
@@ -161,4 +168,4 @@ def device_profile(scenario: Scenario, work: Path) -> Path | None:
     if whole.exists():
         shutil.rmtree(whole)
     partition([str(scenario.model), "--split", "none", *shapes, "-o", str(whole)])
-    return slowed_profile(whole, scenario.edge.slowdown, work / "edge-profile.json")
+    return str(slowed_profile(whole, scenario.edge.slowdown, work / "edge-profile.json"))
