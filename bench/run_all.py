@@ -42,6 +42,10 @@ BENCHES: dict[str, tuple[str, list[str], list[str], str]] = {
     "edge": ("bench_edge.py", [], ["--quick"], "edge agent overhead per request"),
     "moe": ("bench_moe.py", [], ["--quick"],
             "MoE expert cache: throughput at cache budgets vs all-resident and naive paging"),
+    "input_codecs": ("bench_input_codecs.py", [], ["--quick"],
+                     "raw inputs as PNG/JPEG vs raw and int8+zstd: bytes, time, error"),
+    "scaleout": ("bench_scaleout.py", [], ["--quick"],
+                 "single-process cloud service vs two Ray Serve replicas (two CPUs bound it)"),
 }  # fmt: skip
 
 VERDICT = re.compile(r"\b(PASS|FAIL)\b")

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -76,14 +76,20 @@ class Guard:
 
     def check(self, request: web.Request, body: bytes) -> str:
         """The calling device's id, or :class:`AuthError` / :class:`RateLimited`."""
+        return self.check_parts(
+            request.method, request.raw_path, request.headers, body, request.remote or ""
+        )
+
+    def check_parts(
+        self, method: str, raw_path: str, headers: Mapping[str, str], body: bytes, remote: str
+    ) -> str:
+        """:meth:`check` without aiohttp: for other HTTP front ends (the Ray Serve ingress)."""
         if self.verifier is None:
-            device = request.headers.get(HEADER_DEVICE, "")[:64]
+            device = headers.get(HEADER_DEVICE, "")[:64]
         else:
-            cred = self.verifier.verify(
-                request.method, request.raw_path, request.headers, body, self.wall()
-            )
+            cred = self.verifier.verify(method, raw_path, headers, body, self.wall())
             device = cred.device_id
-        self.limiter.check(device or (request.remote or ""), self.clock())
+        self.limiter.check(device or remote, self.clock())
         return device
 
 
@@ -150,6 +156,10 @@ def _status_of(exc: BaseException) -> tuple[int, str, float | None]:
             retry = 1.0
         return exc.http_status, message, retry
     return 500, f"internal error (a bug, please report it): {type(exc).__name__}: {exc}", None
+
+
+#: Public name of the one error mapping, for other HTTP front ends (the Ray Serve ingress).
+status_of = _status_of
 
 
 def _auth_kind(exc: AuthError) -> str:
@@ -220,7 +230,11 @@ async def _body(request: web.Request) -> bytes:
 
 
 def _priority(request: web.Request) -> int:
-    raw = request.headers.get(HEADER_PRIORITY)
+    return priority_of(request.headers.get(HEADER_PRIORITY))
+
+
+def priority_of(raw: str | None) -> int:
+    """The ``X-Splitinfer-Priority`` header's value (absent: the default)."""
     if raw is None:
         return DEFAULT_PRIORITY
     if not (len(raw) == 1 and raw.isdigit()):

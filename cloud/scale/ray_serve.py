@@ -1,0 +1,372 @@
+"""The cloud service as Ray Serve deployments: engine replicas behind one HTTP ingress.
+
+    serve run splitinfer.cloud.scale.ray_serve:app_builder repository=DIR no_auth=true
+
+- :class:`CloudReplica` (``num_replicas`` or ``autoscaling_config`` on queue
+  depth, ``ray_actor_options`` with ``num_gpus``): each replica owns in-process
+  :class:`~splitinfer.cloud.engine.Engine` s (repository, batcher, runtimes, the
+  MoE runtime when ``moe_cache_bytes`` is set), one per model version it holds,
+  loaded on demand through Serve's model multiplexing (``@serve.multiplexed``;
+  the id is ``model:version:fingerprint``), least recently used unloaded.
+- :class:`Ingress`: the HTTP API of ``cloud/server.py`` (same paths, content
+  types, status codes, headers and error JSON): it checks content type, size,
+  signature and rate, picks the version by the model's traffic policy, and
+  sends the frame to a replica holding that version
+  (``handle.options(multiplexed_model_id=...)``). When a replica dies
+  mid-request the request is sent again (inference is idempotent) and reaches
+  another replica.
+
+:func:`app_builder` is the import path for ``serve run`` / KubeRay;
+:func:`deploy` runs the application on a local (or connected) Ray for tests
+and benchmarks. Nothing outside this package imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+from ray import serve
+
+from splitinfer.cloud.config import ServiceConfig
+from splitinfer.cloud.engine import Engine
+from splitinfer.cloud.overload import Rejected
+from splitinfer.cloud.scale.config import ScaleConfig, scale_config_from_args
+from splitinfer.cloud.scale.routing import (
+    Reply,
+    VersionEngine,
+    VersionTable,
+    error_reply,
+    infer_json_reply,
+    infer_reply,
+    json_reply,
+    open_version,
+    reply_for,
+)
+from splitinfer.cloud.server import (
+    FRAME_TYPE,
+    HEADER_PRIORITY,
+    HEADER_VERSION,
+    JSON_TYPE,
+    NO_AUTH_WARNING,
+    BodyTooLarge,
+    Guard,
+    UnsupportedMediaType,
+    priority_of,
+)
+from splitinfer.cloud.tensors import peek_ids
+from splitinfer.shared.auth import CredentialStore
+from splitinfer.shared.errors import ModelNotFoundError, ProtocolError
+
+log = logging.getLogger("splitinfer.cloud")
+
+APP_NAME = "splitinfer"
+
+
+def _engine_factory(config: ScaleConfig) -> Any:
+    """Engines as ``cloud-service`` builds them, with the MoE runtime when asked for."""
+    if not config.moe_cache_bytes:
+        return Engine
+    from splitinfer.cloud.moe.cache import CacheConfig
+    from splitinfer.cloud.moe.runtime import moe_runtime_factory
+
+    runtime = moe_runtime_factory(CacheConfig(config.moe_cache_bytes, config.moe_cache_policy))
+
+    def make(service: ServiceConfig) -> Engine:
+        return Engine(service, runtime_factory=runtime)
+
+    return make
+
+
+class CloudReplica:
+    """One engine replica: the versions it holds, each in its own started engine."""
+
+    def __init__(self, config: ScaleConfig) -> None:
+        self.config = config
+        factory = _engine_factory(config)
+
+        async def load(key: str) -> VersionEngine:
+            log.info("replica: loading %s", key)
+            return await open_version(config.service, key, factory)
+
+        # built per instance, so the number of versions held is configurable
+        self._version = serve.multiplexed(
+            max_num_models_per_replica=config.max_versions_per_replica
+        )(load)
+
+    async def infer(self, model: str, body: bytes, device: str, priority: int) -> Reply:
+        async def work() -> Reply:
+            held = await self._version(serve.get_multiplexed_model_id())
+            return await infer_reply(held.engine, model, body, device, priority)
+
+        return await reply_for(work())
+
+    async def infer_json(
+        self, model: str, data: dict[str, Any], device: str, priority: int
+    ) -> Reply:
+        async def work() -> Reply:
+            held = await self._version(serve.get_multiplexed_model_id())
+            return await infer_json_reply(held.engine, model, data, device, priority)
+
+        return await reply_for(work())
+
+    def ping(self) -> str:
+        return "ok"
+
+
+def _retriable() -> tuple[type[BaseException], ...]:
+    from ray import exceptions as rex
+
+    return (rex.RayActorError, rex.ActorUnavailableError, rex.WorkerCrashedError)
+
+
+class Ingress:
+    """The HTTP API of ``cloud/server.py`` in front of the engine replicas."""
+
+    def __init__(self, config: ScaleConfig, replicas: Any) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.config = config
+        self.service = config.service
+        self.replicas = replicas
+        store = None
+        if self.service.credentials:
+            store = CredentialStore.from_file(self.service.credentials)
+        self.guard = Guard(self.service, store)
+        self.table = VersionTable(self.service)
+        self.table.rescan()
+        if self.service.no_auth:
+            log.warning(NO_AUTH_WARNING)
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "splitinfer_ingress_requests",
+            "Requests answered by the ingress",
+            ["model", "version", "status"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "splitinfer_ingress_retries",
+            "Requests sent again because a replica died",
+            ["model"],
+            registry=self.registry,
+        )
+        self._watcher: asyncio.Task[None] | None = None
+        self._handles: dict[tuple[str, str], Any] = {}
+
+    # -- HTTP -------------------------------------------------------------------------
+
+    async def __call__(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        started = time.perf_counter()
+        status, headers, body = await reply_for(self._route(request, started))
+        return Response(content=body, status_code=status, headers=headers)
+
+    async def _route(self, request: Any, started: float) -> Reply:
+        if self.service.watch_interval_s > 0 and self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch(self.service.watch_interval_s))
+        method, path = request.method, request.url.path
+        parts = path.strip("/").split("/")
+        if method == "GET" and path == "/healthz":
+            return 200, {"Content-Type": "text/plain; charset=utf-8"}, b"ok"
+        if method == "GET" and path == "/readyz":
+            return self._readyz()
+        if method == "GET" and path == "/v1/models":
+            return json_reply(self.table.status())
+        if method == "GET" and path == "/metrics":
+            return self._metrics()
+        if method == "POST" and path == "/v1/admin/reload":
+            body = await self._body(request)
+            self._check(request, body)
+            report = await asyncio.get_running_loop().run_in_executor(None, self.table.rescan)
+            return json_reply(report)
+        if len(parts) == 4 and parts[:2] == ["v1", "models"] and method == "POST":
+            model = parts[2]
+            if parts[3] == "infer":
+                reply = await reply_for(self._infer(request, model, started))
+            elif parts[3] == "infer.json":
+                reply = await reply_for(self._infer_json(request, model))
+            else:
+                return error_reply(ModelNotFoundError(f"no route {method} {path}"))
+            label = model if model in self.table.models else "_unknown"
+            version = reply[1].get(HEADER_VERSION, "")
+            self.requests.labels(label, version, str(reply[0])).inc()
+            return reply
+        raise web.HTTPNotFound(reason=f"no route {method} {path}")
+
+    async def _infer(self, request: Any, model: str, started: float) -> Reply:
+        _content_type(request, FRAME_TYPE)
+        body = await self._body(request)
+        device = self._check(request, body)
+        priority = priority_of(request.headers.get(HEADER_PRIORITY))
+        ids = peek_ids(body, self.service.limits())
+        if ids is not None and ids[0] != model:
+            raise ProtocolError(f"frame.model: {ids[0]!r} does not match the URL's model {model!r}")
+        _, key = self.table.route(model, ids[1] if ids else "", device)
+        reply = await self._call(model, key, "infer", model, body, device, priority)
+        status, headers, out = reply
+        if status == 200:  # the edge subtracts our time (the replica hop included)
+            headers["Server-Timing"] = f"cloud;dur={(time.perf_counter() - started) * 1e3:.3f}"
+        return status, headers, out
+
+    async def _infer_json(self, request: Any, model: str) -> Reply:
+        _content_type(request, JSON_TYPE)
+        body = await self._body(request)
+        device = self._check(request, body)
+        priority = priority_of(request.headers.get(HEADER_PRIORITY))
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise ProtocolError(f"body: not JSON ({exc})") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("inputs"), dict):
+            raise ProtocolError('body: expected {"cut_id": ..., "inputs": {name: nested lists}}')
+        cut_id, version = data.get("cut_id", ""), data.get("model_version", "")
+        if not isinstance(cut_id, str) or not isinstance(version, str):
+            raise ProtocolError("body: cut_id and model_version must be strings")
+        info, key = self.table.route(model, version, device)
+        data = {"cut_id": cut_id or info.default_cut, "inputs": data["inputs"]}
+        return await self._call(model, key, "infer_json", model, data, device, priority)
+
+    async def _call(self, model: str, key: str, method: str, *args: Any) -> Reply:
+        """Send to a replica holding ``key``; again (another replica) if that one died."""
+        retriable = _retriable()
+        wait = self.config.retry_backoff_s
+        for attempt in range(self.config.retries + 1):
+            handle = self._handles.get((key, method))
+            if handle is None:  # one handle per version: they share the router, cheap to keep
+                handle = getattr(self.replicas.options(multiplexed_model_id=key), method)
+                self._handles[(key, method)] = handle
+            try:
+                reply: Reply = await handle.remote(*args)
+                return reply
+            except retriable as exc:
+                if attempt == self.config.retries:
+                    raise Rejected(
+                        f"no replica answered after {attempt + 1} tries: {type(exc).__name__}"
+                    ) from exc
+                self.retries.labels(model).inc()
+                log.warning("replica lost (%s), retrying %s", type(exc).__name__, key)
+                await asyncio.sleep(wait)
+                wait *= 2
+        raise AssertionError("unreachable")
+
+    # -- helpers ------------------------------------------------------------------------
+
+    async def _body(self, request: Any) -> bytes:
+        limit = self.service.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise BodyTooLarge(f"request body of {length} bytes is over the limit of {limit} bytes")
+        chunks, total = [], 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise BodyTooLarge("request body is over the size limit (max_body_bytes)")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _check(self, request: Any, body: bytes) -> str:
+        scope = request.scope
+        raw = scope.get("raw_path") or request.url.path.encode()
+        path = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)
+        query = scope.get("query_string", b"")
+        if query and "?" not in path:
+            path += "?" + query.decode("latin-1")
+        headers: Mapping[str, str] = CIMultiDict(request.headers.items())
+        remote = request.client.host if request.client else ""
+        return self.guard.check_parts(request.method, path, headers, body, remote)
+
+    def _readyz(self) -> Reply:
+        ready = self.table.ready
+        body: dict[str, Any] = {
+            "ready": ready,
+            "models": {
+                m["name"]: {"ready": m["ready"], "versions": m["versions"]}
+                for m in self.table.status()["models"]
+            },
+        }
+        if self.service.no_auth:
+            body["warning"] = NO_AUTH_WARNING
+        return json_reply(body, status=200 if ready else 503)
+
+    def _metrics(self) -> Reply:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return 200, {"Content-Type": CONTENT_TYPE_LATEST}, generate_latest(self.registry)
+
+    async def _watch(self, interval: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await loop.run_in_executor(None, self.table.rescan)
+            except Exception:  # a bad scan must not stop the watcher
+                log.exception("repository rescan failed")
+
+
+def _content_type(request: Any, wanted: str) -> None:
+    got = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if got != wanted:
+        raise UnsupportedMediaType(f"Content-Type {got or '(none)'!r}: send {wanted}")
+
+
+# -- building and running -----------------------------------------------------------------
+
+
+def build_app(config: ScaleConfig) -> Any:
+    """The Serve application: the ingress bound to the engine replicas."""
+    deployment: Any = serve.deployment
+    replicas = (
+        deployment(CloudReplica, name="CloudReplica")
+        .options(**config.replica_options())
+        .bind(config)
+    )
+    ingress = deployment(Ingress, name="Ingress").options(
+        num_replicas=config.ingress_replicas,
+        max_ongoing_requests=max(256, config.max_ongoing_requests * config.max_replicas),
+        ray_actor_options={"num_cpus": config.ingress_num_cpus},
+    )
+    return ingress.bind(config, replicas)
+
+
+def app_builder(args: dict[str, str]) -> Any:
+    """``serve run splitinfer.cloud.scale.ray_serve:app_builder repository=DIR key=value ...``."""
+    return build_app(scale_config_from_args(args))
+
+
+def deploy(
+    config: ScaleConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    name: str = APP_NAME,
+    timeout_s: float = 120.0,
+) -> str:
+    """Run the application on the Ray this process is connected to; its base URL.
+
+    Starts Serve's HTTP proxy on ``host:port`` if Serve is not running yet, and
+    waits until the application is running and its replicas answer.
+    """
+    serve.start(http_options={"host": host, "port": port})
+    handle = serve.run(build_app(config), name=name, route_prefix="/", blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = serve.status().applications.get(name)
+        if status is not None and str(status.status).endswith("RUNNING"):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Serve application {name!r} not running after {timeout_s} s")
+        time.sleep(0.2)
+    del handle
+    return f"http://{host}:{port}"
+
+
+def shutdown() -> None:
+    """Stop Serve (the application, its replicas and the HTTP proxy)."""
+    serve.shutdown()  # type: ignore[no-untyped-call]

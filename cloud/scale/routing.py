@@ -1,0 +1,299 @@
+"""What the Ray Serve deployment does, without Ray: version routing and per-version engines.
+
+:class:`VersionTable` (the ingress): scans the repository as the daemon does and
+picks the version of each request by the model's traffic policy (A/B weights,
+canary, newest, sticky per device), so that the request can be sent to a
+replica holding that version. Its key is ``model:version:fingerprint``: a
+package replaced under the same version name gets a new key, never a stale
+engine.
+
+:class:`VersionEngines` (each replica): one in-process
+:class:`~splitinfer.cloud.engine.Engine` per model version it was asked for,
+over a one-version view of the repository (a folder of symlinks), built from
+the same :class:`~splitinfer.cloud.config.ServiceConfig` as ``cloud-service``.
+
+:func:`reply_for` answers a request with ``(status, headers, body)`` exactly as
+``cloud/server.py`` does (same content types, headers, error JSON), so that an
+edge agent cannot tell the two apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from splitinfer.cloud.config import ModelPolicy, ServiceConfig
+from splitinfer.cloud.engine import Engine
+from splitinfer.cloud.overload import retry_after_header
+from splitinfer.cloud.repository import HashCache, scan, select_versions
+from splitinfer.cloud.server import FRAME_TYPE, HEADER_VERSION, status_of
+from splitinfer.cloud.traffic import choose_version, stable_draw
+from splitinfer.shared.errors import ConfigError, ModelNotFoundError, OverloadError
+
+Reply = tuple[int, dict[str, str], bytes]
+
+
+def model_key(model: str, version: str, fingerprint: str) -> str:
+    """The multiplexed model id of one version of one package."""
+    return f"{model}:{version}:{fingerprint[:16]}"
+
+
+def parse_key(key: str) -> tuple[str, str, str]:
+    model, sep, rest = key.partition(":")
+    version, sep2, fingerprint = rest.partition(":")
+    if not (sep and sep2 and model and version and fingerprint):
+        raise ConfigError(f"multiplexed model id {key!r}: expected model:version:fingerprint")
+    return model, version, fingerprint
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    version: str
+    fingerprint: str
+    path: Path
+    cuts: tuple[str, ...]
+    default_cut: str
+
+
+class VersionTable:
+    """The ingress's view of the repository: which versions serve, and the traffic policy."""
+
+    def __init__(self, config: ServiceConfig, rng: random.Random | None = None) -> None:
+        self.config = config
+        self._hashes = HashCache()
+        self._rng = rng or random.Random()
+        self.models: dict[str, dict[str, VersionInfo]] = {}
+        self.problems: dict[str, dict[str, str]] = {}
+
+    def rescan(self) -> dict[str, Any]:
+        """Scan the repository (blocking: run it off the event loop); report what changed."""
+        found = scan(self.config.repository_path, self._hashes)
+        before = {m: {v: i.fingerprint for v, i in vs.items()} for m, vs in self.models.items()}
+        models: dict[str, dict[str, VersionInfo]] = {}
+        problems: dict[str, dict[str, str]] = {}
+        for name, candidates in found.items():
+            complete = {c.version: c for c in candidates if c.complete}
+            problems[name] = {c.version: c.problem for c in candidates if not c.complete}
+            wanted = select_versions(self.config.policy(name), list(complete))
+            served: dict[str, VersionInfo] = {}
+            for v in wanted:
+                c = complete[v]
+                assert c.manifest is not None
+                cuts = tuple(cut.id for cut in c.manifest.cuts if cut.cloud is not None)
+                served[v] = VersionInfo(v, c.fingerprint, c.path, cuts, c.manifest.default_cut)
+            models[name] = served
+        self.models, self.problems = models, problems
+        after = {m: {v: i.fingerprint for v, i in vs.items()} for m, vs in models.items()}
+        loaded = [
+            {"model": m, "version": v}
+            for m, vs in after.items()
+            for v, fp in vs.items()
+            if before.get(m, {}).get(v) != fp
+        ]
+        retired = [
+            {"model": m, "version": v}
+            for m, vs in before.items()
+            for v in vs
+            if v not in after.get(m, {})
+        ]
+        return {"loaded": loaded, "failed": [], "retired": retired}
+
+    def route(self, model: str, requested: str, device: str) -> tuple[VersionInfo, str]:
+        """The version that serves a request and its multiplexed model id."""
+        versions = self.models.get(model)
+        if versions is None:
+            raise ModelNotFoundError(
+                f"model {model!r} is not served here (models: {', '.join(self.models) or 'none'})"
+            )
+        if requested:
+            info = versions.get(requested)
+            if info is None:
+                raise ModelNotFoundError(
+                    f"model {model!r} has no version {requested!r} serving "
+                    f"(serving: {', '.join(versions) or 'none'})"
+                )
+        else:
+            if not versions:
+                why = "; ".join(f"{v}: {p}" for v, p in self.problems.get(model, {}).items())
+                raise OverloadError(f"model {model!r} has no version ready ({why or 'none'})")
+            policy = self.config.policy(model)
+            draw = self._rng.random()
+            if policy.sticky and device:
+                draw = stable_draw(model, device)
+            info = versions[choose_version(policy, list(versions), draw)]
+        return info, model_key(model, info.version, info.fingerprint)
+
+    def status(self) -> dict[str, Any]:
+        """``GET /v1/models`` as the daemon answers it, from the ingress's view."""
+        out = []
+        for name, versions in self.models.items():
+            policy = self.config.policy(name)
+            b = self.config.batching_for(name)
+            out.append(
+                {
+                    "name": name,
+                    "ready": bool(versions),
+                    "versions": [
+                        {
+                            "version": v,
+                            "state": "serving",
+                            "cuts": list(i.cuts),
+                            "default_cut": i.default_cut,
+                        }
+                        for v, i in versions.items()
+                    ],
+                    "incomplete": self.problems.get(name, {}),
+                    "policy": {
+                        "versions": policy.versions,
+                        "weights": dict(policy.weights),
+                        "canary_percent": policy.canary_percent,
+                        "sticky": policy.sticky,
+                    },
+                    "batching": {
+                        "enabled": b.enabled,
+                        "max_batch_size": b.max_batch_size,
+                        "max_queue_delay_ms": b.max_queue_delay_ms,
+                        "max_queue_size": b.max_queue_size,
+                    },
+                }
+            )
+        return {"models": out}
+
+    @property
+    def ready(self) -> bool:
+        wanted = set(self.config.models) | set(self.models)
+        return bool(wanted) and all(self.models.get(m) for m in wanted)
+
+
+# -- replicas ---------------------------------------------------------------------------
+
+
+def version_config(config: ServiceConfig, model: str, version: str, view: Path) -> ServiceConfig:
+    """The service config of one version alone: the view repository, the version listed."""
+    policy = config.policy(model)
+    only = ModelPolicy(
+        versions="list",
+        version_list=(version,),
+        pad_buckets=policy.pad_buckets,
+        batching=policy.batching,
+    )
+    return dataclasses.replace(
+        config, repository=str(view), models={model: only}, watch_interval_s=0.0
+    )
+
+
+class VersionEngine:
+    """One started engine serving one version; ``close`` stops it (also on unload)."""
+
+    def __init__(self, engine: Engine, view: Path, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.view = view
+        self._loop = loop
+        self._closed = False
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.engine.stop()
+        finally:
+            shutil.rmtree(self.view, ignore_errors=True)
+
+    def __del__(self) -> None:
+        # Ray Serve calls this (in a thread) when the version is unloaded (LRU)
+        if not self._closed and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.close()))
+
+
+EngineFactory = Callable[[ServiceConfig], Engine]
+
+
+async def open_version(
+    config: ServiceConfig, key: str, factory: EngineFactory = Engine
+) -> VersionEngine:
+    """Load one version (named by its multiplexed id) into a started engine."""
+    model, version, fingerprint = parse_key(key)
+    source = config.repository_path / model / version
+    if not source.is_dir():
+        raise ModelNotFoundError(f"model {model!r} has no version {version!r} in the repository")
+    view = Path(tempfile.mkdtemp(prefix="splitinfer-replica-"))
+    (view / model).mkdir()
+    (view / model / version).symlink_to(source.resolve(), target_is_directory=True)
+    engine = factory(version_config(config, model, version, view))
+    try:
+        await engine.start()
+        state = engine.registry.model(model)
+        lv = state.serving.get(version)
+        if lv is None:
+            why = state.failed.get(version, ("", "not loaded"))[1]
+            raise ModelNotFoundError(f"{model} version {version} failed to load: {why}")
+        if not lv.fingerprint.startswith(fingerprint):
+            raise OverloadError(
+                f"{model} version {version} changed on disk while loading; retry", 1.0
+            )
+    except BaseException:
+        await engine.stop(drain_timeout=0.0)
+        shutil.rmtree(view, ignore_errors=True)
+        raise
+    return VersionEngine(engine, view, asyncio.get_running_loop())
+
+
+# -- replies, as cloud/server.py gives them ---------------------------------------------
+
+
+def error_reply(exc: BaseException) -> Reply:
+    """The JSON error of ``cloud/server.py`` for an exception."""
+    status, message, retry = status_of(exc)
+    headers = {"Content-Type": "application/json; charset=utf-8"}
+    if retry is not None:
+        headers["Retry-After"] = retry_after_header(retry)
+    return status, headers, json.dumps({"error": message, "status": status}).encode()
+
+
+def json_reply(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
+    out = {"Content-Type": "application/json; charset=utf-8", **(headers or {})}
+    return status, out, json.dumps(data).encode()
+
+
+async def reply_for(work: Awaitable[Reply]) -> Reply:
+    """Await a reply; any error becomes the daemon's JSON error."""
+    try:
+        return await work
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        return error_reply(exc)
+
+
+async def infer_reply(engine: Engine, model: str, body: bytes, device: str, priority: int) -> Reply:
+    """``POST /v1/models/{model}/infer`` on one engine (what ``server.infer`` answers)."""
+    served = await engine.infer(model, body, device=device, priority=priority)
+    headers = {
+        "Content-Type": FRAME_TYPE,
+        HEADER_VERSION: served.version,
+        "Server-Timing": f"cloud;dur={served.service_s * 1e3:.3f}",
+    }
+    return 200, headers, served.body
+
+
+async def infer_json_reply(
+    engine: Engine, model: str, data: dict[str, Any], device: str, priority: int
+) -> Reply:
+    """``POST /v1/models/{model}/infer.json`` on one engine (``data`` already checked)."""
+    version = next(iter(engine.registry.model(model).serving))
+    outputs, served = await engine.infer_arrays(
+        model, data["cut_id"], data["inputs"], version=version, device=device, priority=priority
+    )
+    return json_reply(
+        {"outputs": {k: v.tolist() for k, v in outputs.items()}, "model_version": served},
+        headers={HEADER_VERSION: served},
+    )
