@@ -11,7 +11,13 @@ samples and hands the cut activations here:
    activations, where a zstd frame alone has little history to learn from);
 3. when a ``score`` function is given (the cloud segment's top-1 agreement on
    the dequantized activations vs the fp32 ones), int8 must keep at least
-   ``min_agreement``; otherwise the cut falls back to fp16.
+   ``min_agreement``; otherwise the cut falls back to fp16;
+4. with a score, the quantization step is then made coarser, as long as the
+   agreement stays within ``max_step_loss`` of the full int8 step's and above
+   ``min_agreement``: 7, 6, 5 and 4 effective bits (the scale times
+   127 / (2^(b-1) - 1), the values still travel as int8). Fewer levels compress
+   better and faster under zstd; the codec's error bound (half a step) holds
+   with the recorded scale. Without a score the full int8 step is kept.
 
 Tensors that are not floats (ids, masks) always travel raw.
 
@@ -62,6 +68,10 @@ Score = Callable[[Acts], float]  # agreement of the cloud's answer with these ac
 INPUT_CODECS = ("auto", "raw", "png", "jpeg")
 #: JPEG qualities ``--input-codec auto`` measures, when a score can check them.
 AUTO_JPEG_QUALITIES = (90, 75)
+#: Effective bits the step search tries, finest first (8 = the calibrated step).
+STEP_BITS = (7, 6, 5, 4)
+#: Agreement a coarser step may lose against the full int8 step (half a point).
+MAX_STEP_LOSS = 0.005
 #: uint8 pictures are the pixels: the identity affine (x = u), recorded so that
 #: frames refer to the manifest instead of carrying per-batch parameters.
 IDENTITY = QuantSpec((1.0,), (-128,), None)
@@ -137,6 +147,8 @@ class WirePlan:
     agreement: float | None  # score of the int8 round trip, when a score was given
     #: Every codec measured for the choice (codec, wire bytes, agreement), image inputs only.
     tried: tuple[dict[str, Any], ...] = ()
+    #: Effective bits of the int8 step (8: as calibrated; fewer: a coarser step, see 4.).
+    bits: int = 8
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -148,6 +160,8 @@ class WirePlan:
         }
         if self.codec.quality is not None:
             out["quality"] = self.codec.quality
+        if self.codec.name in ("int8", "int8+zstd"):
+            out["bits"] = self.bits
         if self.tried:
             out["tried"] = list(self.tried)
         return out
@@ -216,6 +230,7 @@ def _plan_activations(
     score: Score | None,
     min_agreement: float,
     train_dictionary: bool,
+    max_step_loss: float = MAX_STEP_LOSS,
 ) -> WirePlan:
     import zstandard
 
@@ -226,17 +241,27 @@ def _plan_activations(
         return WirePlan(CodecSpec("raw"), {}, None, 1.0, float(raw_bytes), None)
     params = calibrate(floats)
     agreement = None
+    bits = 8
     if score is not None:
-        rounded = {
-            **acts,
-            **{k: dequantize(quantize(a, params[k]), params[k]) for k, a in floats.items()},
-        }
-        agreement = float(score(rounded))
+
+        def agreement_of(p: dict[str, QuantParams]) -> float:
+            rounded = {k: dequantize(quantize(a, p[k]), p[k]) for k, a in floats.items()}
+            return float(score({**acts, **rounded}))
+
+        agreement = agreement_of(params)
         if agreement < min_agreement:
             half = sum(len(Fp16Codec().encode(a)) for a in floats.values()) / n
             other = sum(a[:1].nbytes for k, a in acts.items() if k not in floats)
             wire = half + other
             return WirePlan(CodecSpec("fp16"), {}, None, raw_bytes / wire, wire, agreement)
+        floor = max(min_agreement, agreement - max_step_loss)
+        calibrated = params
+        for b in STEP_BITS:
+            coarser = {k: coarsen(p, b) for k, p in calibrated.items()}
+            got = agreement_of(coarser)
+            if got < floor:
+                break
+            params, agreement, bits = coarser, got, b
     split = max(1, n // 2) if n >= 8 else n
     plain = Int8ZstdCodec(level)
     held = range(split, n) if split < n else range(n)
@@ -273,7 +298,14 @@ def _plan_activations(
         raw_bytes / wire,
         wire,
         agreement,
+        bits=bits,
     )
+
+
+def coarsen(params: QuantParams, bits: int) -> QuantParams:
+    """``params`` with the step of ``bits`` effective bits over the same range."""
+    factor = 127 / (2 ** (bits - 1) - 1)
+    return QuantParams(tuple(s * factor for s in params.scale), params.zero_point, params.axis)
 
 
 def _all_images(acts: Acts) -> bool:

@@ -20,6 +20,7 @@ that grid; uint8 tensors travel as they are. The containers themselves live in
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from splitinfer.shared import images
+from splitinfer.shared import images, quantops
 from splitinfer.shared.errors import CodecError
 
 RAW = 1
@@ -108,6 +109,18 @@ class QuantParams:
                 f"{list(shape)} has {shape[self.axis]}"
             )
 
+    @functools.cached_property
+    def _linear(self) -> tuple[F32, npt.NDArray[np.int8], int]:
+        scale = np.asarray(self.scale, dtype=np.float32)
+        zero = np.asarray(self.zero_point, dtype=np.int8)
+        if self.per_tensor:
+            return scale.reshape(()), zero.reshape(()), -1
+        return scale, zero, self.axis
+
+    def _linear_args(self) -> tuple[F32, npt.NDArray[np.int8], int]:
+        """Scale, zero point and axis (-1: one for the tensor) as QuantizeLinear takes them."""
+        return self._linear
+
     def _broadcast(self, ndim: int) -> tuple[F32, F32]:
         scale = np.asarray(self.scale, dtype=np.float32)
         zero = np.asarray(self.zero_point, dtype=np.float32)
@@ -141,9 +154,20 @@ def calibrate_params(samples: Array, axis: int | None = 1) -> QuantParams:
 
 
 def quantize(x: Array, params: QuantParams) -> I8:
-    """Vectorised affine int8 quantization; values outside the range are clipped."""
+    """Vectorised affine int8 quantization; values outside the range are clipped.
+
+    ONNX Runtime's QuantizeLinear when it is there (:mod:`.quantops`: one pass, the
+    same bytes), numpy otherwise.
+    """
     x32 = _finite_f32(x)
     params.check_shape(x32.shape)
+    fast = quantops.quantize(x32, *params._linear_args())
+    if fast is not None:
+        return fast
+    return _quantize_numpy(x32, params)
+
+
+def _quantize_numpy(x32: F32, params: QuantParams) -> I8:
     scale, zero = params._broadcast(x32.ndim)
     with np.errstate(over="ignore"):
         q = np.rint(x32 / scale)
@@ -154,8 +178,16 @@ def quantize(x: Array, params: QuantParams) -> I8:
 
 
 def dequantize(q: I8, params: QuantParams) -> F32:
-    """Vectorised inverse of :func:`quantize` (up to the rounding it did)."""
+    """Vectorised inverse of :func:`quantize` (up to the rounding it did); ONNX
+    Runtime's DequantizeLinear when it is there, numpy otherwise."""
     params.check_shape(q.shape)
+    fast = quantops.dequantize(q, *params._linear_args())
+    if fast is not None:
+        return fast
+    return _dequantize_numpy(q, params)
+
+
+def _dequantize_numpy(q: I8, params: QuantParams) -> F32:
     scale, zero = params._broadcast(q.ndim)
     out = q.astype(np.float32)
     out -= zero

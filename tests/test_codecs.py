@@ -228,3 +228,53 @@ def test_zstd_level_and_dictionary() -> None:
         Int8ZstdCodec().decode(data, "float32", x.shape, p, LIMIT)
     with pytest.raises(CodecError, match="level"):
         Int8ZstdCodec(level=99)
+
+
+# -- the ONNX Runtime fast path against numpy ---------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 6),
+    st.floats(1e-4, 10.0),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_onnxruntime_quantize_gives_the_numpy_bytes(
+    batch: int, channels: int, magnitude: float, per_tensor: bool, seed: int
+) -> None:
+    from splitinfer.shared import codecs, quantops
+
+    rng = np.random.default_rng(seed)
+    scales = rng.uniform(1e-3, 1.0, 1 if per_tensor else channels).astype(np.float32)
+    params = QuantParams(
+        tuple(float(s) for s in scales),
+        tuple(int(z) for z in rng.integers(-5, 5, len(scales))),
+        axis=1,
+    )
+    x = (rng.standard_normal((batch, channels, 5)) * magnitude * 200).astype(np.float32)
+    # exact ties (k + 0.5) * scale, where round-half-to-even decides
+    k = rng.integers(-300, 300, x.shape)
+    ties = ((k + 0.5) * scales.reshape((1, -1, 1))).astype(np.float32)
+    for value in (x, ties):
+        fast = quantops.quantize(value, *params._linear_args())
+        assert fast is not None
+        np.testing.assert_array_equal(fast, codecs._quantize_numpy(value, params))
+        back = quantops.dequantize(fast, *params._linear_args())
+        assert back is not None
+        np.testing.assert_array_equal(back, codecs._dequantize_numpy(fast, params))
+
+
+def test_without_onnxruntime_numpy_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitinfer.shared import quantops
+
+    params = calibrate_params(np.arange(-8, 8, dtype=np.float32).reshape(2, 8), axis=1)
+    x = np.linspace(-8, 8, 16, dtype=np.float32).reshape(2, 8)
+    with_ort = quantize(x, params)
+    monkeypatch.setattr(quantops, "_unavailable", [True])
+    assert quantops.quantize(x, *params._linear_args()) is None
+    np.testing.assert_array_equal(quantize(x, params), with_ort)
+    slow = dequantize(with_ort, params)
+    monkeypatch.setattr(quantops, "_unavailable", [])
+    np.testing.assert_array_equal(dequantize(with_ort, params), slow)

@@ -76,15 +76,37 @@ def test_low_agreement_falls_back_to_fp16() -> None:
 
 def test_score_sees_int8_rounded_activations() -> None:
     acts = {"h": relu_features(16, (32,))}
-    seen = {}
+    seen: list[np.ndarray] = []
 
     def score(rounded):
-        seen.update(rounded)
+        seen.append(rounded["h"])
         return 1.0
 
     plan_wire(acts, dictionary_file="d", score=score)
-    err = np.abs(seen["h"] - acts["h"]).max()
-    assert 0 < err <= np.abs(acts["h"]).max() / 127
+    amax = np.abs(acts["h"]).max()
+    # the calibrated step first, then each coarser one (8, 7, 6, 5, 4 effective bits)
+    assert len(seen) == 5
+    for bits, rounded in zip((8, 7, 6, 5, 4), seen, strict=True):
+        err = np.abs(rounded - acts["h"]).max()
+        assert 0 < err <= amax / (2 ** (bits - 1) - 1) / 2 * (1 + 1e-5), bits
+
+
+def test_the_coarsest_step_that_keeps_agreement_is_chosen() -> None:
+    acts = {"h": relu_features(64, (32,))}
+    amax = np.abs(acts["h"]).max()
+
+    def score(rounded):  # agreement falls with the step: 1.0 down to 6 bits, then 0.9
+        step = np.abs(rounded["h"] - acts["h"]).max() * 2
+        return 1.0 if step <= amax / 31 * 1.01 else 0.9
+
+    full = plan_wire(acts, dictionary_file="d", score=lambda _a: 1.0)
+    plan = plan_wire(acts, dictionary_file="d", score=score)
+    assert (full.bits, plan.bits) == (4, 6)
+    assert plan.summary()["bits"] == 6
+    assert plan.quant["h"].scale[0] == pytest.approx(full.quant["h"].scale[0] * 7 / 31)
+    unscored = plan_wire(acts, dictionary_file="d")
+    assert unscored.bits == 8
+    assert unscored.ratio < plan.ratio < full.ratio  # fewer levels, fewer bytes
 
 
 def test_non_float_cuts_travel_raw() -> None:
