@@ -43,6 +43,7 @@ import onnxruntime as ort
 from splitinfer.partitioner.cuts import CutPlan
 from splitinfer.partitioner.pipeline import Prepared, prepare
 from splitinfer.partitioner.segments import cloud_model, edge_model
+from splitinfer.partitioner.wirecodec import plan_wire
 from splitinfer.shared.codecs import (
     Codec,
     Fp16Codec,
@@ -57,6 +58,8 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
 CNN_MODELS = ("chain", "resnet", "mobilenet")
+#: The row of what ``partition`` ships: int8 + zstd-1 at the step its search chose.
+SHIPPED = "shipped"
 TRANSFORMER = "transformer"
 CALIB_BATCH, CALIB_SEED = 64, 1
 EVAL_BATCH, EVAL_SEED = 256, 2
@@ -170,9 +173,22 @@ def bench_model(name: str, path: Path, repeats: int) -> list[Row]:
     shape = tuple(x.shape)
     raw_bytes = x.nbytes
     limit = 4 * raw_bytes + 1024
+    # what the partitioner ships: its step search, scored by the cloud segment's top-1 on
+    # the calibration batch (partitioner/wirecodec.py), then int8 + zstd level 1
+    calib_top1 = cloud.run([out_name], calib)[0].argmax(-1)
+
+    def score(acts: dict[str, Array]) -> float:
+        got = cloud.run([out_name], {**calib, **acts})[0].argmax(-1)
+        return float((got == calib_top1).mean())
+
+    shipped = plan_wire(
+        {target: calib[target]}, dictionary_file="d", score=score, train_dictionary=False
+    )
+    spec = shipped.quant[target]
+    chosen = QuantParams(spec.scale, spec.zero_point, spec.axis)
     rows: list[Row] = []
-    for label, codec in codecs():
-        p = params if codec.needs_params else None
+    for label, codec in [*codecs(), (f"{SHIPPED} {shipped.bits}b", Int8ZstdCodec(level=1))]:
+        p = (chosen if label.startswith(SHIPPED) else params) if codec.needs_params else None
         data = codec.encode(x, p)
         decoded = codec.decode(data, "float32", shape, p, limit)
 
@@ -231,44 +247,42 @@ def main(argv: list[str] | None = None) -> int:
         line += f"{float(r['top1_agreement_pct']):>9.2f}{float(r['cosine']):>10.6f}"
         print(line)
 
-    zstd = [r for r in rows if str(r["codec"]).startswith("int8+zstd")]
-    cnn_zstd = [r for r in zstd if r["model"] in CNN_MODELS]
-    best_level = {
-        m: max((r for r in cnn_zstd if r["model"] == m), key=lambda r: float(r["ratio"]))
-        for m in CNN_MODELS
-    }
-    min_ratio = min(float(r["ratio"]) for r in best_level.values())
-    worst_ratio = min(best_level.values(), key=lambda r: float(r["ratio"]))
-    max_loss = max(100.0 - float(r["top1_agreement_pct"]) for r in cnn_zstd)
-    worst_loss = max(cnn_zstd, key=lambda r: 100.0 - float(r["top1_agreement_pct"]))
-    min_mbps = min(float(r["mb_per_s"]) for r in cnn_zstd)
-    worst_speed = min(cnn_zstd, key=lambda r: float(r["mb_per_s"]))
-    fastest_level = max(
-        {str(r["codec"]) for r in cnn_zstd},
-        key=lambda c: min(float(r["mb_per_s"]) for r in cnn_zstd if r["codec"] == c),
-    )
-    fast_min = min(float(r["mb_per_s"]) for r in cnn_zstd if r["codec"] == fastest_level)
+    zstd = [r for r in rows if str(r["codec"]).startswith(("int8+zstd", SHIPPED))]
+    ships = [r for r in rows if str(r["codec"]).startswith(SHIPPED) and r["model"] in CNN_MODELS]
+    worst_ratio = min(ships, key=lambda r: float(r["ratio"]))
+    worst_loss = max(ships, key=lambda r: 100.0 - float(r["top1_agreement_pct"]))
+    worst_speed = min(ships, key=lambda r: float(r["mb_per_s"]))
+    full = [r for r in rows if r["codec"] == "int8+zstd-1" and r["model"] in CNN_MODELS]
     checks = [
         (
-            min_ratio >= TARGET_RATIO,
-            f"int8+zstd >= {TARGET_RATIO:.0f}x smaller than fp32 on CNN features: "
-            f"min {min_ratio:.2f}x ({worst_ratio['model']}, {worst_ratio['codec']})",
+            float(worst_ratio["ratio"]) >= TARGET_RATIO,
+            f"int8+zstd as partition ships it >= {TARGET_RATIO:.0f}x smaller than fp32 on CNN "
+            f"features: min {float(worst_ratio['ratio']):.2f}x "
+            f"({worst_ratio['model']}, {worst_ratio['codec']})",
         ),
         (
-            max_loss <= TARGET_LOSS_POINTS,
-            f"top-1 agreement loss <= {TARGET_LOSS_POINTS:.0f} point (int8+zstd, CNN): "
-            f"max {max_loss:.2f} points ({worst_loss['model']}, {worst_loss['codec']})",
+            100.0 - float(worst_loss["top1_agreement_pct"]) <= TARGET_LOSS_POINTS,
+            f"top-1 agreement loss <= {TARGET_LOSS_POINTS:.0f} point (held-out batch): max "
+            f"{100.0 - float(worst_loss['top1_agreement_pct']):.2f} points "
+            f"({worst_loss['model']}, {worst_loss['codec']})",
         ),
         (
-            min_mbps >= TARGET_MBPS,
-            f"encode+decode >= {TARGET_MBPS:.0f} MB/s (int8+zstd, CNN, all levels): "
-            f"min {min_mbps:.0f} MB/s ({worst_speed['model']}, {worst_speed['codec']}); "
-            f"best level {fastest_level} min {fast_min:.0f} MB/s",
+            float(worst_speed["mb_per_s"]) >= TARGET_MBPS,
+            f"encode+decode >= {TARGET_MBPS:.0f} MB/s of fp32 on one core: min "
+            f"{float(worst_speed['mb_per_s']):.0f} MB/s "
+            f"({worst_speed['model']}, {worst_speed['codec']})",
         ),
+    ]
+    info = [
+        f"info: at the full int8 step (8 bits) int8+zstd-1 gives min "
+        f"{min(float(r['ratio']) for r in full):.2f}x and min "
+        f"{min(float(r['mb_per_s']) for r in full):.0f} MB/s on the CNN features"
     ]
     print()
     for ok, text in checks:
         print(f"{'PASS' if ok else 'FAIL'}: {text}")
+    for line in info:
+        print(line)
     trans = [r for r in zstd if r["model"] == TRANSFORMER]
     if trans:
         cos = min(float(r["cosine"]) for r in trans)

@@ -253,10 +253,10 @@ def test_onnxruntime_quantize_gives_the_numpy_bytes(
         tuple(int(z) for z in rng.integers(-5, 5, len(scales))),
         axis=1,
     )
-    x = (rng.standard_normal((batch, channels, 5)) * magnitude * 200).astype(np.float32)
+    x = (rng.standard_normal((batch, channels, 8, 9)) * magnitude * 200).astype(np.float32)
     # exact ties (k + 0.5) * scale, where round-half-to-even decides
     k = rng.integers(-300, 300, x.shape)
-    ties = ((k + 0.5) * scales.reshape((1, -1, 1))).astype(np.float32)
+    ties = ((k + 0.5) * scales.reshape((1, -1, 1, 1))).astype(np.float32)
     for value in (x, ties):
         fast = quantops.quantize(value, *params._linear_args())
         assert fast is not None
@@ -264,6 +264,17 @@ def test_onnxruntime_quantize_gives_the_numpy_bytes(
         back = quantops.dequantize(fast, *params._linear_args())
         assert back is not None
         np.testing.assert_array_equal(back, codecs._dequantize_numpy(fast, params))
+
+
+def test_channels_in_short_runs_go_to_numpy() -> None:
+    from splitinfer.shared import quantops
+
+    x = np.random.default_rng(0).standard_normal((4, 16, 32)).astype(np.float32)
+    last = calibrate_params(x, axis=2)  # [batch, seq, hidden]: runs of one value
+    assert quantops.quantize(x, *last._linear_args()) is None
+    np.testing.assert_array_equal(quantize(x, last), quantize_reference(x, last))
+    whole = calibrate_params(x, axis=None)
+    assert quantops.quantize(x, *whole._linear_args()) is not None
 
 
 def test_without_onnxruntime_numpy_answers(monkeypatch: pytest.MonkeyPatch) -> None:
