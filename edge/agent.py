@@ -209,6 +209,7 @@ def create_app(
             clock=clock,
             wall=wall,
             compute=_compute(executor),
+            inline_below_s=q.inline_below_ms / 1e3,
         )
         state.pipeline = pipeline
         if warm_up:

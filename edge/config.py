@@ -206,9 +206,22 @@ class QueueConfig:
     max_body_bytes: int = 64 * 2**20
     #: Seconds a request may take end to end unless it sends X-Splitinfer-Timeout-Ms.
     request_timeout_s: float = 10.0
+    #: A request whose own CPU work (edge segment, noise, encode; measured per cut) is
+    #: under this many ms runs it on the event loop when no other request is computing:
+    #: the hop to a worker thread and back costs more than that here. 0: always the pool.
+    inline_below_ms: float = 1.0
 
     def __post_init__(self) -> None:
         _at_least("queue.max_concurrency", self.max_concurrency, 1, "e.g. 4")
+        if isinstance(self.inline_below_ms, bool) or not (
+            isinstance(self.inline_below_ms, (int, float))
+            and math.isfinite(self.inline_below_ms)
+            and self.inline_below_ms >= 0
+        ):
+            raise ConfigError(
+                f"queue.inline_below_ms={self.inline_below_ms!r} must be a number >= 0; "
+                "0 runs every request's work in the worker pool"
+            )
         _at_least("queue.max_queue", self.max_queue, 0, "e.g. 64")
         _at_least("queue.max_body_bytes", self.max_body_bytes, 1024, "e.g. 67108864")
         _positive("queue.request_timeout_s", self.request_timeout_s, "give seconds, e.g. 10")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -335,3 +337,41 @@ async def test_a_request_whose_deadline_passed_in_the_queue_is_refused(
         await pipe.infer(feeds(1), deadline=clock.t - 0.5)
     assert info.value.http_status == 503
     assert cloud.requests == 0
+
+
+async def test_cheap_work_skips_the_pool_only_while_nothing_else_computes(
+    raw_pkg: tuple[Path, Path],
+) -> None:
+    src, pkg = raw_pkg
+    pooled: list[str] = []
+    gate = asyncio.Event()
+    gate.set()
+
+    async def pool(fn: Any) -> Any:  # a worker pool whose worker can be held
+        pooled.append("x")
+        await gate.wait()
+        return fn()
+
+    cloud = FunctionTransport(LocalCloud(pkg), "a")
+    # the fake clock makes every measured front 0 s: under any threshold
+    pipe = make(pkg, [cloud], compute=pool, inline_below_s=0.001)
+    x = feeds(2)
+    first = await pipe.infer(x, cut="c2")  # nothing measured yet: the pool
+    second = await pipe.infer(x, cut="c2")  # known to be cheap, nothing computing: inline
+    assert (len(pooled), pipe.inlined) == (1, 1)
+    for result in (first, second):
+        assert_close(result.outputs, run(src, x))
+    gate.clear()
+    held = asyncio.ensure_future(pipe.infer(x, cut="c0"))  # unmeasured: waits in the pool
+    await asyncio.sleep(0)
+    assert len(pooled) == 2
+    other = asyncio.ensure_future(pipe.infer(x, cut="c2"))  # cheap, but the pool is busy
+    await asyncio.sleep(0)
+    assert (len(pooled), pipe.inlined) == (3, 1)
+    gate.set()
+    for result in await asyncio.gather(held, other):
+        assert_close(result.outputs, run(src, x))
+    never = make(pkg, [cloud], compute=pool, inline_below_s=0.0)
+    for _ in range(3):
+        await never.infer(x, cut="c2")
+    assert never.inlined == 0
