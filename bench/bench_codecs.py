@@ -47,6 +47,7 @@ from splitinfer.partitioner.wirecodec import plan_wire
 from splitinfer.shared.codecs import (
     Codec,
     Fp16Codec,
+    Int4ZstdCodec,
     Int8Codec,
     Int8ZstdCodec,
     QuantParams,
@@ -58,7 +59,8 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
 CNN_MODELS = ("chain", "resnet", "mobilenet")
-#: The row of what ``partition`` ships: int8 + zstd-1 at the step its search chose.
+#: The row of what ``partition`` ships: the step its search chose, as int8 + zstd-1 or,
+#: at 4 bits, packed (int4 + zstd-1).
 SHIPPED = "shipped"
 TRANSFORMER = "transformer"
 CALIB_BATCH, CALIB_SEED = 64, 1
@@ -187,7 +189,8 @@ def bench_model(name: str, path: Path, repeats: int) -> list[Row]:
     spec = shipped.quant[target]
     chosen = QuantParams(spec.scale, spec.zero_point, spec.axis)
     rows: list[Row] = []
-    for label, codec in [*codecs(), (f"{SHIPPED} {shipped.bits}b", Int8ZstdCodec(level=1))]:
+    ships: Codec = (Int4ZstdCodec if shipped.codec.name == "int4+zstd" else Int8ZstdCodec)(1)
+    for label, codec in [*codecs(), (f"{SHIPPED} {ships.name[:4]}", ships)]:
         p = (chosen if label.startswith(SHIPPED) else params) if codec.needs_params else None
         data = codec.encode(x, p)
         decoded = codec.decode(data, "float32", shape, p, limit)

@@ -33,7 +33,14 @@ from splitinfer.cloud.repository import Candidate, HashCache, scan, select_versi
 from splitinfer.cloud.runtime import Runtime
 from splitinfer.cloud.tensors import PadPlan, batchable, bucket, pad_plan
 from splitinfer.cloud.traffic import choose_version, stable_draw
-from splitinfer.shared.codecs import INT8_ZSTD, Codec, Int8ZstdCodec, default_codecs
+from splitinfer.shared.codecs import (
+    INT4_ZSTD,
+    INT8_ZSTD,
+    Codec,
+    Int4ZstdCodec,
+    Int8ZstdCodec,
+    default_codecs,
+)
 from splitinfer.shared.errors import ModelError, ModelNotFoundError, SplitInferError
 from splitinfer.shared.manifest import Cut, Manifest, resolve_file
 
@@ -331,6 +338,7 @@ def _codecs(path: Path, cut: Cut) -> dict[int, Codec]:
         if cut.codec.dictionary:
             dictionary = resolve_file(path, cut.codec.dictionary).read_bytes()
         codecs[INT8_ZSTD] = Int8ZstdCodec(level=cut.codec.level, dictionary=dictionary)
+        codecs[INT4_ZSTD] = Int4ZstdCodec(level=cut.codec.level, dictionary=dictionary)
     return codecs
 
 

@@ -45,7 +45,7 @@ class TensorSpec:
 
 
 PRECISIONS = ("fp32", "fp16", "int8")
-CODEC_NAMES = ("raw", "fp16", "int8", "int8+zstd", "png", "jpeg")
+CODEC_NAMES = ("raw", "fp16", "int8", "int8+zstd", "png", "jpeg", "int4+zstd")
 CUT_KINDS = ("none", "all", "split")
 
 

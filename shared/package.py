@@ -14,6 +14,7 @@ from pathlib import Path
 
 from splitinfer.shared.codecs import (
     FP16,
+    INT4_ZSTD,
     INT8,
     INT8_ZSTD,
     JPEG,
@@ -22,6 +23,7 @@ from splitinfer.shared.codecs import (
     RAW,
     Codec,
     Fp16Codec,
+    Int4ZstdCodec,
     Int8Codec,
     Int8ZstdCodec,
     JpegCodec,
@@ -47,6 +49,7 @@ CODEC_IDS = {
     "int8+zstd": INT8_ZSTD,
     "png": PNG,
     "jpeg": JPEG,
+    "int4+zstd": INT4_ZSTD,
 }
 
 
@@ -64,7 +67,7 @@ class Package:
         """The wire id the cut's tensors travel with and a registry that decodes them.
 
         The registry holds every codec (a peer may fall back to raw), with the
-        zstd one set to the cut's level and dictionary.
+        zstd ones set to the cut's level and dictionary.
         """
         spec = cut.codec
         dictionary = None
@@ -72,10 +75,19 @@ class Package:
             dictionary = resolve_file(self.path, spec.dictionary).read_bytes()
         try:
             zstd = Int8ZstdCodec(level=spec.level, dictionary=dictionary)
+            int4 = Int4ZstdCodec(level=spec.level, dictionary=dictionary)
         except CodecError as exc:
             raise PackageError(f"cut {cut.id}: codec: {exc}") from exc
         jpeg = JpegCodec(spec.quality if spec.quality is not None else JPEG_QUALITY)
-        codecs: list[Codec] = [RawCodec(), Fp16Codec(), Int8Codec(), zstd, PngCodec(), jpeg]
+        codecs: list[Codec] = [
+            RawCodec(),
+            Fp16Codec(),
+            Int8Codec(),
+            zstd,
+            PngCodec(),
+            jpeg,
+            int4,
+        ]
         return CODEC_IDS[spec.name], {c.id: c for c in codecs}
 
 

@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 from splitinfer.shared.codecs import (
     DEFAULT_CODECS,
     FP16,
+    INT4_ZSTD,
     INT8,
     INT8_ZSTD,
     JPEG,
@@ -164,7 +165,7 @@ def test_quant_params_are_validated(scale: tuple, zero: tuple, axis: int, match:
 def test_unknown_codec_id() -> None:
     with pytest.raises(CodecError, match="unknown codec id 9"):
         get_codec(9)
-    assert set(DEFAULT_CODECS) == {RAW, FP16, INT8, INT8_ZSTD, PNG, JPEG}
+    assert set(DEFAULT_CODECS) == {RAW, FP16, INT8, INT8_ZSTD, PNG, JPEG, INT4_ZSTD}
 
 
 def _bomb(size: int, content_size: bool) -> bytes:
@@ -177,11 +178,12 @@ def _bomb(size: int, content_size: bool) -> bytes:
     return b"".join([*parts, obj.flush()])
 
 
+@pytest.mark.parametrize("codec_id", [INT8_ZSTD, INT4_ZSTD])
 @pytest.mark.parametrize("content_size", [True, False])
-def test_zstd_bomb_fails_fast(content_size: bool) -> None:
+def test_zstd_bomb_fails_fast(content_size: bool, codec_id: int) -> None:
     bomb = _bomb(256 << 20, content_size)
     assert len(bomb) < 64 << 10
-    codec = get_codec(INT8_ZSTD)
+    codec = get_codec(codec_id)
     p = QuantParams((1.0,), (0,))
     start = time.perf_counter()
     with pytest.raises(CodecError, match=r"zstd|claims"):
@@ -289,3 +291,54 @@ def test_without_onnxruntime_numpy_answers(monkeypatch: pytest.MonkeyPatch) -> N
     slow = dequantize(with_ort, params)
     monkeypatch.setattr(quantops, "_unavailable", [])
     np.testing.assert_array_equal(dequantize(with_ort, params), slow)
+
+
+# -- int4 + zstd ---------------------------------------------------------------------------
+
+
+def int4_params(x: np.ndarray) -> QuantParams:
+    """The partitioner's 4-bit step: the calibrated range over 7 levels a side."""
+    from splitinfer.partitioner.wirecodec import coarsen
+
+    return coarsen(params_for(x), 4)
+
+
+@settings(max_examples=80, deadline=None)
+@given(x=arrays())
+def test_int4_error_is_within_half_its_step(x: np.ndarray) -> None:
+    codec = get_codec(INT4_ZSTD)
+    p = int4_params(x)
+    data = codec.encode(x, p)
+    y = codec.decode(data, "float32", x.shape, p, LIMIT)
+    assert y.shape == x.shape
+    assert (np.abs(y.astype(np.float64) - x) <= int8_bound(x, p)).all()
+    # the same values int8 + zstd carries at that step, in half the bytes before zstd
+    wide = get_codec(INT8_ZSTD)
+    same = wide.decode(wide.encode(x, p), "float32", x.shape, p, LIMIT)
+    np.testing.assert_array_equal(y, same)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 4097])
+def test_nibbles_round_trip_every_value_and_odd_counts(count: int) -> None:
+    from splitinfer.shared import nibbles
+
+    values = np.resize(np.arange(-8, 8, dtype=np.int8), count)
+    packed = nibbles.pack(values)
+    assert len(packed) == nibbles.packed_size(count) == (count + 1) // 2
+    np.testing.assert_array_equal(nibbles.unpack(packed, count), values)
+    if count >= 2:  # element 0 in the low nibble of byte 0, element 1 in its high nibble
+        assert packed[0] == (int(values[0]) & 0x0F) | ((int(values[1]) & 0x0F) << 4)
+
+
+def test_int4_clips_beyond_its_range_and_refuses_a_wrong_size() -> None:
+    codec = get_codec(INT4_ZSTD)
+    p = QuantParams((1.0,), (0,))
+    x = np.array([-100.0, -8.0, -3.4, 0.0, 6.6, 7.0, 100.0], dtype=np.float32)
+    y = codec.decode(codec.encode(x, p), "float32", x.shape, p, LIMIT)
+    np.testing.assert_array_equal(y, [-8.0, -8.0, -3.0, 0.0, 7.0, 7.0, 7.0])
+    seven = codec.encode(x, p)
+    with pytest.raises(CodecError, match=r"claims 4 bytes, expected 5"):
+        codec.decode(seven, "float32", (9,), p, LIMIT)
+    raw = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(3))
+    with pytest.raises(CodecError, match=r"3 bytes decompressed, expected 4|int4\+zstd"):
+        codec.decode(raw, "float32", (7,), p, LIMIT)

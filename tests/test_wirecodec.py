@@ -71,7 +71,8 @@ def test_low_agreement_falls_back_to_fp16() -> None:
     assert plan.ratio == pytest.approx(2.0)
     assert plan.agreement == 0.9
     kept = plan_wire(acts, dictionary_file="d", score=lambda _a: 1.0)
-    assert kept.codec.name == "int8+zstd"
+    assert kept.codec.name == "int4+zstd"  # any step keeps agreement: the coarsest, packed
+    assert kept.bits == 4
 
 
 def test_score_sees_int8_rounded_activations() -> None:
@@ -102,6 +103,7 @@ def test_the_coarsest_step_that_keeps_agreement_is_chosen() -> None:
     full = plan_wire(acts, dictionary_file="d", score=lambda _a: 1.0)
     plan = plan_wire(acts, dictionary_file="d", score=score)
     assert (full.bits, plan.bits) == (4, 6)
+    assert (full.codec.name, plan.codec.name) == ("int4+zstd", "int8+zstd")
     assert plan.summary()["bits"] == 6
     assert plan.quant["h"].scale[0] == pytest.approx(full.quant["h"].scale[0] * 7 / 31)
     unscored = plan_wire(acts, dictionary_file="d")
