@@ -140,6 +140,7 @@ def build_repo(root: Path, size: int, widths: tuple[int, ...]) -> tuple[Path, An
 
 
 SPINNING = [False]  # --spinning: ONNX Runtime threads spin while idle (everywhere alike)
+SERVICE_ARGS: list[str] = []  # --service-arg: more cloud-service flags (tuning experiments)
 
 
 def session(path: Path) -> Any:
@@ -255,6 +256,7 @@ def service_cmd(repo: Path, port: int, batching: bool) -> list[str]:
         "--max-queue-size",
         "4096",
         "--batching" if batching else "--no-batching",
+        *SERVICE_ARGS,
     ] + (["--spinning"] if SPINNING[0] else [])
 
 
@@ -554,12 +556,20 @@ def main(argv: list[str] | None = None) -> int:
         "--spinning", action="store_true", help="let idle ONNX Runtime threads spin (all systems)"
     )
     p.add_argument("--json", type=Path, help="write the rows and verdicts here")
+    p.add_argument(
+        "--service-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="pass a flag to cloud-service (repeatable), e.g. --service-arg=--intra-op-threads=1",
+    )
     p.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
     p.add_argument(
         "--serve-litserve", nargs=3, metavar=("SEGMENT", "PORT", "LOG"), help=argparse.SUPPRESS
     )
     args = p.parse_args(argv)
     SPINNING[0] = args.spinning
+    SERVICE_ARGS[:] = args.service_arg
     if args.serve_echo:
         serve_echo(args.serve_echo)
         return 0
