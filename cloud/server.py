@@ -257,10 +257,8 @@ async def infer(request: web.Request) -> web.StreamResponse:
     return web.Response(body=served.body, content_type=FRAME_TYPE, headers=headers)
 
 
-async def infer_json(request: web.Request) -> web.StreamResponse:
-    _content_type(request, JSON_TYPE)
-    body = await _body(request)
-    device = request.app[GUARD].check(request, body)
+def parse_infer_json(body: bytes) -> tuple[dict[str, Any], str, str]:
+    """``(inputs, cut_id, model_version)`` of a JSON debugging request (see http-api.md)."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
@@ -270,12 +268,20 @@ async def infer_json(request: web.Request) -> web.StreamResponse:
     cut_id, version = data.get("cut_id", ""), data.get("model_version", "")
     if not isinstance(cut_id, str) or not isinstance(version, str):
         raise ProtocolError("body: cut_id and model_version must be strings")
+    return data["inputs"], cut_id, version
+
+
+async def infer_json(request: web.Request) -> web.StreamResponse:
+    _content_type(request, JSON_TYPE)
+    body = await _body(request)
+    device = request.app[GUARD].check(request, body)
+    inputs, cut_id, version = parse_infer_json(body)
     engine = request.app[ENGINE]
     model = request.match_info["model"]
     if not cut_id:
         cut_id = engine.registry.route(model, version, device).manifest.default_cut
     outputs, served = await engine.infer_arrays(
-        model, cut_id, data["inputs"], version=version, device=device, priority=_priority(request)
+        model, cut_id, inputs, version=version, device=device, priority=_priority(request)
     )
     return web.json_response(
         {"outputs": {k: v.tolist() for k, v in outputs.items()}, "model_version": served},

@@ -24,7 +24,6 @@ and benchmarks. Nothing outside this package imports Ray.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -58,6 +57,7 @@ from splitinfer.cloud.server import (
     BodyTooLarge,
     Guard,
     UnsupportedMediaType,
+    parse_infer_json,
     priority_of,
 )
 from splitinfer.cloud.tensors import peek_ids
@@ -220,17 +220,9 @@ class Ingress:
         body = await self._body(request)
         device = self._check(request, body)
         priority = priority_of(request.headers.get(HEADER_PRIORITY))
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise ProtocolError(f"body: not JSON ({exc})") from exc
-        if not isinstance(data, dict) or not isinstance(data.get("inputs"), dict):
-            raise ProtocolError('body: expected {"cut_id": ..., "inputs": {name: nested lists}}')
-        cut_id, version = data.get("cut_id", ""), data.get("model_version", "")
-        if not isinstance(cut_id, str) or not isinstance(version, str):
-            raise ProtocolError("body: cut_id and model_version must be strings")
+        inputs, cut_id, version = parse_infer_json(body)
         info, key = self.table.route(model, version, device)
-        data = {"cut_id": cut_id or info.default_cut, "inputs": data["inputs"]}
+        data = {"cut_id": cut_id or info.default_cut, "inputs": inputs}
         return await self._call(model, key, "infer_json", model, data, device, priority)
 
     async def _call(self, model: str, key: str, method: str, *args: Any) -> Reply:
