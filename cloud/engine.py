@@ -31,7 +31,7 @@ from splitinfer.cloud.metrics import Metrics
 from splitinfer.cloud.overload import DeadlineUnmeetable, ShuttingDown
 from splitinfer.cloud.registry import CutRunner, LoadedVersion, Registry, RuntimeFactory
 from splitinfer.cloud.runtime import segment_factory
-from splitinfer.cloud.tensors import Array, Arrays, bucket, peek_ids, sample_shape, split, stack
+from splitinfer.cloud.tensors import Array, Arrays, bucket, sample_shape, split, stack
 from splitinfer.shared.codecs import RAW
 from splitinfer.shared.errors import ProtocolError
 from splitinfer.shared.frame import (
@@ -42,6 +42,7 @@ from splitinfer.shared.frame import (
     decode_response,
     encode_request,
     encode_response,
+    peek_request,
 )
 from splitinfer.shared.manifest import PrivacySpec
 from splitinfer.shared.privacy import Budget, BudgetPolicy, PrivacyBudgetExhausted
@@ -194,7 +195,7 @@ class Engine:
             raise ShuttingDown("the service is shutting down", 5.0)
         admitted = self.clock()
         state = self.registry.model(model)
-        ids = peek_ids(body, self.limits)
+        ids = peek_request(body, self.limits)
         if ids is not None and ids[0] != model:
             raise ProtocolError(f"frame.model: {ids[0]!r} does not match the URL's model {model!r}")
         lv = state.route(ids[1] if ids else "", device, admitted, self.registry.draw())

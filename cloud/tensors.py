@@ -12,8 +12,6 @@ requests of equal shape (the shape is part of the queue key).
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,40 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from splitinfer.shared.frame import FRAME_VERSION, KIND_REQUEST, MAGIC, Limits
 from splitinfer.shared.manifest import Cut, TensorSpec
 
 Array = npt.NDArray[Any]
 Arrays = dict[str, Array]
-
-_PREAMBLE = struct.Struct("<4sBBI")
-
-
-def peek_ids(body: bytes, limits: Limits) -> tuple[str, str, str] | None:
-    """``(model, model_version, cut_id)`` from a request frame's header, or None.
-
-    Only the preamble and the JSON header are read; the full validation is
-    :func:`splitinfer.shared.frame.decode_request`, which reports what is wrong
-    with a frame this returns None for.
-    """
-    if len(body) < _PREAMBLE.size:
-        return None
-    magic, version, kind, hlen = _PREAMBLE.unpack_from(body)
-    end = _PREAMBLE.size + hlen
-    if (magic, version, kind) != (MAGIC, FRAME_VERSION, KIND_REQUEST):
-        return None
-    if hlen > limits.max_header_bytes or end > len(body):
-        return None
-    try:
-        header = json.loads(body[_PREAMBLE.size : end].decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(header, dict):
-        return None
-    ids = (header.get("model"), header.get("model_version"), header.get("cut_id"))
-    if not all(isinstance(v, str) for v in ids):
-        return None
-    return ids  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

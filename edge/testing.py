@@ -20,7 +20,14 @@ from typing import Any
 from splitinfer.edge.transport import Reply
 from splitinfer.shared.auth import Verifier
 from splitinfer.shared.errors import ModelNotFoundError, SplitInferError
-from splitinfer.shared.frame import Limits, Response, WireTensor, decode_request, encode_response
+from splitinfer.shared.frame import (
+    Limits,
+    Response,
+    WireTensor,
+    decode_request,
+    encode_response,
+    peek_request,
+)
 from splitinfer.shared.package import open_package
 
 
@@ -93,12 +100,8 @@ class LocalCloud:
 
 def _peek_cut(body: bytes) -> str:
     """The frame's cut id without validating (to pick the cut's codec registry)."""
-    try:
-        hlen = int.from_bytes(body[6:10], "little")
-        header = json.loads(body[10 : 10 + hlen])
-        return str(header.get("cut_id", ""))
-    except (ValueError, AttributeError):
-        return ""
+    ids = peek_request(body, Limits())
+    return ids[2] if ids is not None else ""
 
 
 def _error(status: int, message: str) -> Reply:

@@ -151,6 +151,23 @@ def encode_response(response: Response, codecs: Mapping[int, Codec] | None = Non
     return _encode(KIND_RESPONSE, header, response.tensors, codecs)
 
 
+def peek_request(data: bytes, limits: Limits) -> tuple[str, str, str] | None:
+    """``(model, model_version, cut_id)`` from a request frame's header, or None.
+
+    Only the preamble and the JSON header are read, to route the frame (which
+    version, which cut's codecs) before it is decoded; :func:`decode_request`
+    reports what is wrong with a frame this returns None for.
+    """
+    try:
+        header, _, _ = _split(data, KIND_REQUEST, _REQUEST_KEYS, limits)
+    except (ProtocolError, ValueError, TypeError, UnicodeDecodeError, struct.error):
+        return None
+    ids = (header.get("model"), header.get("model_version"), header.get("cut_id"))
+    if not all(isinstance(v, str) for v in ids):
+        return None
+    return ids  # type: ignore[return-value]
+
+
 def decode_request(
     data: bytes, manifest: Manifest, limits: Limits, codecs: Mapping[int, Codec] | None = None
 ) -> Request:

@@ -317,3 +317,14 @@ def test_calibrated_parameters_travel_as_a_reference() -> None:
     bad = replace(skip, quant_ref=True)
     with pytest.raises(ProtocolError, match=r"frame.tensors\[1\].quant: 'manifest', but"):
         decode_request(encode_request(request(tensors=(by_ref, bad))), MANIFEST, LIMITS)
+
+
+def test_peek_request_reads_the_ids_and_nothing_else() -> None:
+    from splitinfer.shared.frame import Limits, Request, WireTensor, encode_request, peek_request
+
+    x = np.zeros((1, 4), np.float32)
+    frame = encode_request(Request("r1", "m", "3", "c2", (WireTensor("t", x, 1),)))
+    assert peek_request(frame, Limits()) == ("m", "3", "c2")
+    assert peek_request(frame[:8], Limits()) is None  # truncated preamble
+    assert peek_request(b"XXXX" + frame[4:], Limits()) is None  # not a frame
+    assert peek_request(frame, Limits(max_header_bytes=8)) is None  # header over the limit

@@ -60,9 +60,9 @@ from splitinfer.cloud.server import (
     parse_infer_json,
     priority_of,
 )
-from splitinfer.cloud.tensors import peek_ids
 from splitinfer.shared.auth import CredentialStore
 from splitinfer.shared.errors import ModelNotFoundError, ProtocolError
+from splitinfer.shared.frame import peek_request
 
 log = logging.getLogger("splitinfer.cloud")
 
@@ -205,7 +205,7 @@ class Ingress:
         body = await self._body(request)
         device = self._check(request, body)
         priority = priority_of(request.headers.get(HEADER_PRIORITY))
-        ids = peek_ids(body, self.service.limits())
+        ids = peek_request(body, self.service.limits())
         if ids is not None and ids[0] != model:
             raise ProtocolError(f"frame.model: {ids[0]!r} does not match the URL's model {model!r}")
         _, key = self.table.route(model, ids[1] if ids else "", device)
