@@ -1,8 +1,10 @@
 """The local HTTP API of the edge agent: a thin aiohttp app around a pipeline.
 
     POST /v1/infer     the model's input as .npy (one input), .npz (by input name)
-                       or JSON {"inputs": {...}}; answers an .npz of the outputs
-                       (JSON for a JSON request, or with Accept: application/json)
+                       or JSON {"inputs": {...}}, or one picture (image/png,
+                       image/jpeg, ...) when the package declares preprocessing
+                       (else 415); answers an .npz of the outputs (JSON for a
+                       JSON request, or with Accept: application/json)
     GET  /healthz      200 "ok" while the process is alive
     GET  /v1/status    JSON: cut, link estimate, cloud load, endpoints, budget
     GET  /metrics      Prometheus text format
@@ -272,7 +274,9 @@ async def infer(request: web.Request) -> web.StreamResponse:
     deadline = started + (timeout if timeout is not None else state.config.queue.request_timeout_s)
     body = await request.read()
     kind = body_kind(request.headers.get("Content-Type", ""), body)
-    raw = parse_body(kind, body, state.model.manifest)
+    # a picture is decoded and resized (milliseconds for a camera frame) off the event loop
+    # once admitted, so the admission bound covers that work too
+    raw = None if kind == "image" else parse_body(kind, body, state.model.manifest)
     headers = {}
     if H_PRIORITY in request.headers:
         headers[H_PRIORITY] = request.headers[H_PRIORITY]
@@ -281,6 +285,10 @@ async def infer(request: web.Request) -> web.StreamResponse:
         state.metrics.queued.set(state.admission.waiting)
         state.metrics.in_flight.set(state.admission.running)
         try:
+            if raw is None:
+                raw = await asyncio.get_running_loop().run_in_executor(
+                    None, parse_body, kind, body, state.model.manifest
+                )
             result = await pipeline.infer(
                 raw,
                 deadline=deadline,

@@ -1,8 +1,14 @@
-"""The local API's bodies: .npy, .npz and JSON in, .npz or JSON out, all checked.
+"""The local API's bodies: .npy, .npz, JSON or a picture in, .npz or JSON out, all checked.
 
 An application sends the model's input as an ``.npy`` body (one input), an
-``.npz`` keyed by input name (any number), or JSON ``{"inputs": {name: nested
-lists}}``. :func:`check_inputs` holds every input to the manifest: the names,
+``.npz`` keyed by input name (any number), JSON ``{"inputs": {name: nested
+lists}}``, or one picture (``Content-Type: image/png``, ``image/jpeg``, any
+``image/*`` Pillow reads) when the package declares preprocessing for its single
+input: the picture becomes one sample through the same function the partitioner
+calibrated with (:func:`splitinfer.shared.preprocess.image_to_input`). A
+picture for a package that declares none is refused with 415.
+
+:func:`check_inputs` holds every input to the manifest: the names,
 the dtype (a same-kind cast such as float64 to float32 is made; anything else
 is refused), the rank and every fixed dimension, and a symbol (the batch) of
 the same size across inputs. Anything wrong is a :class:`BadInput` (HTTP 400)
@@ -19,14 +25,18 @@ from typing import Any
 
 import numpy as np
 
-from splitinfer.shared.errors import ProtocolError
+from splitinfer.shared.errors import CodecError, ProtocolError
 from splitinfer.shared.manifest import Manifest, TensorSpec
+from splitinfer.shared.preprocess import image_to_input
 
 Array = np.ndarray[Any, Any]
 
 NPY_TYPES = ("application/x-npy", "application/npy")
 NPZ_TYPES = ("application/x-npz", "application/npz", "application/zip")
 JSON_TYPE = "application/json"
+IMAGE_PREFIX = "image/"
+#: PNG, JPEG, GIF, BMP, WebP (RIFF) signatures: a picture sent without a Content-Type.
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
 #: Largest batch accepted (the wire frame's own limit).
@@ -37,6 +47,12 @@ class BadInput(ProtocolError):
     """The application's request does not fit the model (HTTP 400)."""
 
     http_status = 400
+
+
+class UnsupportedBody(BadInput):
+    """A body this package cannot take, e.g. a picture without declared preprocessing (415)."""
+
+    http_status = 415
 
 
 def body_kind(content_type: str, body: bytes) -> str:
@@ -50,15 +66,19 @@ def body_kind(content_type: str, body: bytes) -> str:
         return "npz"
     if ctype == JSON_TYPE or ctype.endswith("+json"):
         return "json"
+    if ctype.startswith(IMAGE_PREFIX):
+        return "image"
     if body.startswith(_NPY_MAGIC):
         return "npy"
     if body.startswith(_ZIP_MAGIC):
         return "npz"
     if body.lstrip()[:1] == b"{":
         return "json"
+    if body.startswith(_IMAGE_MAGIC):
+        return "image"
     raise BadInput(
-        f"body of Content-Type {content_type or 'none'!r} is not .npy, .npz or JSON; "
-        f"send {NPY_TYPES[0]}, {NPZ_TYPES[0]} or {JSON_TYPE}"
+        f"body of Content-Type {content_type or 'none'!r} is not .npy, .npz or JSON, nor a "
+        f"picture; send {NPY_TYPES[0]}, {NPZ_TYPES[0]}, {JSON_TYPE} or image/png"
     )
 
 
@@ -78,7 +98,35 @@ def parse_body(kind: str, body: bytes, manifest: Manifest) -> dict[str, Array]:
         return _load_npz(body)
     if kind == "json":
         return _load_json(body)
+    if kind == "image":
+        return _load_image(body, manifest)
     raise BadInput(f"unknown body kind {kind!r}")
+
+
+def _load_image(body: bytes, manifest: Manifest) -> dict[str, Array]:
+    """One picture as one sample of the single input, by the package's preprocessing."""
+    if not manifest.preprocessing:
+        raise UnsupportedBody(
+            "this package declares no preprocessing, so a picture cannot become the model's "
+            "input; send .npy, .npz or JSON, or partition with --preprocess"
+        )
+    if len(manifest.inputs) != 1:
+        names = ", ".join(s.name for s in manifest.inputs)
+        raise UnsupportedBody(
+            f"a picture is one sample of a single-input model; this one takes {names}: "
+            "send an .npz keyed by input name"
+        )
+    spec = manifest.inputs[0]
+    pre = manifest.preprocessing.get(spec.name)
+    if pre is None:
+        raise UnsupportedBody(
+            f"this package declares no preprocessing for input {spec.name!r}; send .npy, .npz "
+            "or JSON"
+        )
+    try:
+        return {spec.name: image_to_input(body, pre, spec)}
+    except CodecError as exc:
+        raise BadInput(f"image body: {exc}") from None
 
 
 def _load_npy(body: bytes) -> Array:

@@ -62,6 +62,7 @@ from splitinfer.shared.costs import Constraints, CutCost, best_across_links, ran
 from splitinfer.shared.errors import ConfigError, ModelError
 from splitinfer.shared.links import Link
 from splitinfer.shared.manifest import PrivacySpec, TensorSpec
+from splitinfer.shared.preprocess import PreprocessSpec
 
 Feed = dict[str, np.ndarray]
 Progress = Callable[[str], None]
@@ -90,6 +91,9 @@ class AutoOptions:
     bottleneck: int | None = None
     #: How the cloud-only cut's inputs travel (``--input-codec``).
     input_codec: InputCodec = field(default_factory=InputCodec)
+    #: Declared picture -> input preprocessing (``--preprocess``): how a calibration
+    #: folder of pictures is read, recorded in the manifest.
+    preprocessing: Mapping[str, PreprocessSpec] = field(default_factory=dict)
     shortlist: int = 6
     synthetic_samples: int = 64
     seed: int = 0
@@ -224,6 +228,7 @@ def auto_split(
         arts.append(m.art)
     extras = PackageExtras(
         privacy=opts.privacy,
+        preprocessing=dict(opts.preprocessing),
         planning={
             "objective": opts.objective,
             "edge_profile": opts.edge_profile or "measured on this machine",
@@ -253,7 +258,9 @@ def _samples(
 ) -> list[Feed]:
     a = prepared.analysis
     if opts.calibration is not None:
-        return load_calibration(opts.calibration, inputs, a.batch_symbol)
+        return load_calibration(
+            opts.calibration, inputs, a.batch_symbol, preprocessing=opts.preprocessing
+        )
     warn(
         "no --calibration folder: calibrating INT8 and measuring quality on SYNTHETIC random "
         "inputs; scales, agreement and the chosen cut may not hold for real data"

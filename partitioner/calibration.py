@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.errors import CodecError, ConfigError
 from splitinfer.shared.manifest import Dim, TensorSpec
+from splitinfer.shared.preprocess import PreprocessSpec, image_to_input, is_image_file
 
 Array = npt.NDArray[Any]
 Feed = dict[str, Array]
@@ -138,14 +139,22 @@ def _feeds_from_file(path: Path, inputs: Sequence[TensorSpec], batch_dim: str | 
 
 
 def load_calibration(
-    path: Path, inputs: Sequence[TensorSpec], batch_dim: str | None, limit: int | None = None
+    path: Path,
+    inputs: Sequence[TensorSpec],
+    batch_dim: str | None,
+    limit: int | None = None,
+    preprocessing: Mapping[str, PreprocessSpec] | None = None,
 ) -> list[Feed]:
-    """Read calibration feeds from a folder of ``.npy`` / ``.npz`` files, in file-name order.
+    """Read calibration feeds from a folder of ``.npy`` / ``.npz`` files or of pictures,
+    in file-name order.
 
     A ``.npy`` file (single-input models only) or each array of a ``.npz`` file
     (keyed by input name) holds one sample without the batch axis, or a batch
-    of samples. Each is split into feeds of batch size 1. Other files in the
-    folder are ignored. ``limit`` caps the number of feeds read.
+    of samples. Each is split into feeds of batch size 1. A folder of pictures
+    (:data:`~splitinfer.shared.preprocess.IMAGE_SUFFIXES`) feeds a single-input
+    model whose ``preprocessing`` is declared: one picture, one feed, through
+    :func:`~splitinfer.shared.preprocess.image_to_input`. A folder holding both
+    kinds is refused. Other files are ignored. ``limit`` caps the number of feeds read.
     """
     if limit is not None and limit < 1:
         raise ConfigError(f"calibration sample limit {limit} must be at least 1")
@@ -154,15 +163,62 @@ def load_calibration(
     if not path.exists():
         raise ConfigError(f"calibration folder {path} does not exist")
     if not path.is_dir():
-        raise ConfigError(f"calibration path {path} is not a folder of .npy/.npz files")
-    files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file())
+        raise ConfigError(f"calibration path {path} is not a folder of .npy/.npz files or images")
+    entries = sorted(p for p in path.iterdir() if p.is_file())
+    files = [p for p in entries if p.suffix in SUFFIXES]
+    images = [p for p in entries if is_image_file(p.name)]
+    if files and images:
+        raise ConfigError(
+            f"calibration folder {path} mixes {len(files)} .npy/.npz file(s) and "
+            f"{len(images)} image(s); keep one kind of sample per folder"
+        )
+    if images:
+        return _feeds_from_images(path, images, inputs, preprocessing or {}, limit)
     if not files:
-        raise ConfigError(f"calibration folder {path} holds no .npy or .npz files")
+        raise ConfigError(
+            f"calibration folder {path} holds no .npy or .npz files, nor pictures "
+            "(.png, .jpg, ... with --preprocess)"
+        )
     feeds: list[Feed] = []
     for file in files:
         feeds.extend(_feeds_from_file(file, inputs, batch_dim))
         if limit is not None and len(feeds) >= limit:
             return feeds[:limit]
+    return feeds
+
+
+def _feeds_from_images(
+    folder: Path,
+    images: Sequence[Path],
+    inputs: Sequence[TensorSpec],
+    preprocessing: Mapping[str, PreprocessSpec],
+    limit: int | None,
+) -> list[Feed]:
+    """One feed per picture, through the input's declared preprocessing."""
+    if len(inputs) != 1:
+        names = ", ".join(repr(s.name) for s in inputs)
+        raise ConfigError(
+            f"calibration folder {folder} holds images, but the model has {len(inputs)} "
+            f"inputs ({names}); a picture feeds a single-input model, use .npz files"
+        )
+    spec = inputs[0]
+    pre = preprocessing.get(spec.name)
+    if pre is None:
+        raise ConfigError(
+            f"calibration folder {folder} holds images, but no preprocessing is declared for "
+            f"input {spec.name!r}; give --preprocess (e.g. mode=RGB,size=224x224,scale=1/255)"
+        )
+    pre.check_fits(spec, f"--preprocess for input {spec.name!r}", ConfigError)
+    feeds: list[Feed] = []
+    for file in images[:limit]:
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"calibration file {file}: cannot be read ({exc.strerror})") from None
+        try:
+            feeds.append({spec.name: image_to_input(data, pre, spec)})
+        except CodecError as exc:
+            raise ConfigError(f"calibration file {file}: {exc}") from None
     return feeds
 
 

@@ -41,6 +41,7 @@ from splitinfer.shared.links import Link, parse_duration, parse_rate
 if TYPE_CHECKING:
     from splitinfer.partitioner.auto import AutoOptions
     from splitinfer.partitioner.wirecodec import InputCodec
+    from splitinfer.shared.preprocess import PreprocessSpec
 
 PRECISIONS = ("int8", "fp16", "fp32")
 OBJECTIVES = ("latency", "edge-energy", "cloud-cost")
@@ -112,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         type=Path,
         metavar="DIR",
-        help="folder of .npy/.npz samples (default: synthetic data, with a warning)",
+        help="folder of .npy/.npz samples, or of pictures (.png, .jpg, ...) read with "
+        "--preprocess (default: synthetic data, with a warning)",
     )
     auto.add_argument(
         "--calibration-method", choices=("minmax", "entropy", "percentile"), default="minmax"
@@ -146,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     auto.add_argument(
         "--report", type=Path, metavar="PNG", help="draw the per-cut edge/transfer/cloud bar chart"
+    )
+    p.add_argument(
+        "--preprocess",
+        metavar="KEY=VALUE,...|FILE.json",
+        help="how a picture becomes the image input, recorded in the manifest for calibration "
+        "images and the edge agent's image bodies: mode=L|RGB, size=HxW, scale=1/255, "
+        "layout=NCHW|NHWC, mean=M[,M,M], std=S[,S,S], resize=bilinear|nearest|bicubic|..., "
+        "input=NAME (needed only with several inputs); "
+        "e.g. 'mode=L,size=8x8,scale=1/16'. FILE.json: the same keys as a JSON object",
     )
     p.add_argument(
         "--input-codec",
@@ -216,6 +227,8 @@ def _main(argv: Sequence[str] | None) -> int:
         raise ConfigError("--precision and --edge-fallback go with --split, not --list-cuts")
     if args.list_cuts and args.input_codec is not None:
         raise ConfigError("--input-codec goes with --split none or --split auto")
+    if args.list_cuts and args.preprocess is not None:
+        raise ConfigError("--preprocess goes with --split, not --list-cuts")
     progress = (lambda _m: None) if args.quiet else stderr_progress
     shapes = parse_input_shapes(args.input_shape)
     prepared = prepare(args.model, shapes, max_cuts=args.max_cuts, progress=progress)
@@ -226,6 +239,7 @@ def _main(argv: Sequence[str] | None) -> int:
         else:
             print(format_table(prepared, prepared.space.plans()))
         return 0
+    args.preprocessing = _preprocessing(args.preprocess, prepared)
     input_codec = _input_codec(args, prepared)
     if args.split == "auto":
         return _auto(args, prepared, progress)
@@ -247,7 +261,10 @@ def _main(argv: Sequence[str] | None) -> int:
         samples = _calibration(args, prepared)
         art.edge = _convert(art.edge, opts, samples)
         art.edge_precision = precision
-    extras = PackageExtras(fallback=prepared.optimized if args.edge_fallback else None)
+    extras = PackageExtras(
+        fallback=prepared.optimized if args.edge_fallback else None,
+        preprocessing=args.preprocessing,
+    )
     manifest = write_package(prepared, [art], args.output, extras=extras, progress=progress)
     cut = manifest.cut
     sides = ", ".join(
@@ -342,10 +359,22 @@ def _calibration(args: argparse.Namespace, prepared: Prepared) -> list[dict[str,
     a = prepared.analysis
     inputs = [io_spec(vi) for vi in a.model.graph.input if vi.name in a.inputs]
     if args.calibration is not None:
-        return load_calibration(args.calibration, inputs, a.batch_symbol)
+        return load_calibration(
+            args.calibration, inputs, a.batch_symbol, preprocessing=args.preprocessing
+        )
     _warn("no --calibration folder: calibrating on SYNTHETIC random inputs")
     shapes = {k: (1, *v) for k, v in a.sample_input_shapes.items()}
     return synthetic_calibration(inputs, 64, 0, shapes)
+
+
+def _preprocessing(text: str | None, prepared: Prepared) -> dict[str, PreprocessSpec]:
+    """``--preprocess``, checked against the model's inputs (empty when not given)."""
+    from splitinfer.shared.preprocess import parse_option
+
+    if text is None:
+        return {}
+    a = prepared.analysis
+    return parse_option(text, [io_spec(vi) for vi in a.model.graph.input if vi.name in a.inputs])
 
 
 def _options(args: argparse.Namespace) -> AutoOptions:
@@ -383,6 +412,7 @@ def _options(args: argparse.Namespace) -> AutoOptions:
         privacy=privacy,
         bottleneck=args.bottleneck,
         input_codec=InputCodec.parse(args.input_codec or "auto"),
+        preprocessing=args.preprocessing,
     )
 
 

@@ -33,6 +33,7 @@ from splitinfer.shared.manifest import (
     is_package,
     resolve_file,
 )
+from splitinfer.shared.preprocess import PreprocessSpec
 
 Progress = Callable[[str], None]
 
@@ -138,6 +139,8 @@ class PackageExtras:
     privacy: PrivacySpec | None = None
     planning: dict[str, Any] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)  # extra files, e.g. a zstd dictionary
+    #: Declared picture-to-input preprocessing by input name (``--preprocess``).
+    preprocessing: dict[str, PreprocessSpec] = field(default_factory=dict)
 
 
 def _segment(path: Path, root: Path, precision: str) -> Segment:
@@ -213,6 +216,7 @@ def build_manifest(
             "nodes_before": prepared.nodes_before,
             "nodes_after": prepared.nodes_after,
         },
+        preprocessing=dict(extras.preprocessing),
         tool_version=__version__,
     )
 

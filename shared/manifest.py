@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from splitinfer.shared.errors import PackageError
+from splitinfer.shared.preprocess import PreprocessSpec, specs_from_dict
 
 FORMAT = "splitinfer.split-package"
 FORMAT_VERSION = 2
@@ -245,7 +246,8 @@ class Manifest:
 
     A package holds one or more candidate cuts, each a complete edge/cloud
     pair; ``default_cut`` is the one the partitioner chose. ``fallback`` is a
-    full local model the edge may run when no cloud answers.
+    full local model the edge may run when no cloud answers. ``preprocessing``
+    declares, per image input (by name), how a picture becomes that input.
     """
 
     model_name: str
@@ -261,6 +263,7 @@ class Manifest:
     planning: dict[str, Any] = field(default_factory=dict)
     analysis_shapes: dict[str, list[int]] = field(default_factory=dict)
     optimization: dict[str, Any] = field(default_factory=dict)
+    preprocessing: dict[str, PreprocessSpec] = field(default_factory=dict)
     tool_version: str = ""
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
@@ -275,6 +278,14 @@ class Manifest:
             raise PackageError(
                 f"manifest.default_cut: {self.default_cut!r} is not among the cuts {ids}"
             )
+        inputs = {t.name: t for t in self.inputs}
+        for name, spec in self.preprocessing.items():
+            where = f"manifest.preprocessing.{name}"
+            if name not in inputs:
+                raise PackageError(
+                    f"{where}: {name!r} is not a model input ({', '.join(inputs) or 'none'})"
+                )
+            spec.check_fits(inputs[name], where)
 
     @property
     def cut(self) -> Cut:
@@ -292,6 +303,8 @@ class Manifest:
 
     def to_json(self) -> str:
         data = asdict(self)
+        if not data["preprocessing"]:  # optional: absent rather than empty
+            del data["preprocessing"]
         ordered = {"format": data.pop("format"), "format_version": data.pop("format_version")}
         ordered.update(data)
         return json.dumps(ordered, indent=2) + "\n"
@@ -340,6 +353,7 @@ class Manifest:
             planning=dict(_obj(obj.get("planning", {}), "manifest.planning")),
             analysis_shapes=dict(obj.get("analysis_shapes", {})),
             optimization=dict(obj.get("optimization", {})),
+            preprocessing=specs_from_dict(obj.get("preprocessing", {}), "manifest.preprocessing"),
             tool_version=str(obj.get("tool_version", "")),
             format=fmt,
             format_version=FORMAT_VERSION,

@@ -62,8 +62,9 @@ def test_body_kind_by_type_then_by_magic() -> None:
     assert body_kind("text/plain", b'  {"inputs": {}}') == "json"
     with pytest.raises(BadInput, match="empty body"):
         body_kind("application/x-npy", b"")
+    assert body_kind("image/png", b"\x89PNG") == "image"  # a picture (declared preprocessing)
     with pytest.raises(BadInput, match=r"is not \.npy, \.npz or JSON"):
-        body_kind("image/png", b"\x89PNG")
+        body_kind("text/plain", b"hello")
 
 
 def test_symbols_bind_across_inputs() -> None:

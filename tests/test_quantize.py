@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ortutil import run
 
 from splitinfer.partitioner.quantize import (
+    CPU_INT8_OPS,
     Agreement,
     QuantConfig,
     activations_for,
@@ -20,6 +21,9 @@ from splitinfer.partitioner.quantize import (
     config_for,
     count_qdq,
     entropy_threshold,
+    fp32_nodes,
+    global_pool,
+    output_guards,
     output_quant_params,
     pick_metric,
     quantize_model,
@@ -103,8 +107,19 @@ def test_activation_type_follows_the_runtime() -> None:
     assert activations_for("CPU") == "u8s8"
     with pytest.raises(ConfigError, match=r"runtime 'tflite' has no INT8 activation type"):
         activations_for("tflite")
-    assert config_for("cpu") == QuantConfig("u8s8", reduce_range=True)
+    assert config_for("cpu") == QuantConfig(
+        "u8s8",
+        reduce_range=True,
+        op_types=CPU_INT8_OPS,
+        fp32_stem=True,
+        fp32_depthwise=True,
+        global_pool=True,
+    )
     assert config_for("tensorrt", "entropy") == QuantConfig("s8s8", "entropy")
+    with pytest.raises(ConfigError, match=r"op_types must be a non-empty tuple"):
+        QuantConfig("u8s8", op_types=())
+    with pytest.raises(ConfigError, match=r"fp32_stem must be true or false"):
+        QuantConfig("u8s8", fp32_stem=1)  # type: ignore[arg-type]
 
 
 # --- quantization --------------------------------------------------------------------------
@@ -293,6 +308,138 @@ def test_wrongly_shaped_samples_are_a_model_error(net: onnx.ModelProto) -> None:
         quantize_model(net, [{"x": rand(1, 5, 8, 8)}], QuantConfig("u8s8"))
 
 
+# --- the CPU recipe: no Q/DQ round trips around ops without int8 kernels ------------------
+
+
+def mobile_block(stem_pool: bool = False) -> onnx.ModelProto:
+    """x[N,3,16,16] → stem Conv → HardSwish → [MaxPool] → depthwise Conv → SE (ReduceMean
+    over H,W, Conv, HardSigmoid, Mul) → Conv → Relu → MaxPool → p: the zoo mobilenet's ops.
+    """
+    nodes = [
+        helper.make_node("Conv", ["x", "ws"], ["s"], pads=[1] * 4, name="stem"),
+        helper.make_node("HardSwish", ["s"], ["h"], name="stem_act"),
+        helper.make_node(
+            "Conv", ["h" if not stem_pool else "hp", "wd"], ["d"], pads=[1] * 4, group=8, name="dw"
+        ),
+        helper.make_node("ReduceMean", ["d", "axes"], ["m"], keepdims=1, name="se_mean"),
+        helper.make_node("Conv", ["m", "wse"], ["e"], name="se_conv"),
+        helper.make_node("HardSigmoid", ["e"], ["g"], name="se_gate"),
+        helper.make_node("Mul", ["d", "g"], ["sd"], name="se_mul"),
+        helper.make_node("Conv", ["sd", "wp"], ["y"], name="project"),
+        helper.make_node("Relu", ["y"], ["r"], name="relu"),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+    ]
+    if stem_pool:
+        nodes.insert(
+            2, helper.make_node("MaxPool", ["h"], ["hp"], kernel_shape=[1, 1], name="stem_pool")
+        )
+    inits = {
+        "ws": rand(8, 3, 3, 3, seed=1) * 0.3,
+        "wd": rand(8, 1, 3, 3, seed=2) * 0.3,
+        "axes": np.array([2, 3], np.int64),
+        "wse": rand(8, 8, 1, 1, seed=3) * 0.3,
+        "wp": rand(8, 8, 1, 1, seed=4) * 0.3,
+    }
+    return make(
+        nodes,
+        [f32("x", ["N", 3, 16, 16])],
+        # (a graph output that also feeds a Relu: see output_guards and its test below)
+        [f32("p", ["N", 8, 8, 8])],
+        inits,
+        opset=18,
+    )
+
+
+def consumers_of(model: onnx.ModelProto, tensor: str) -> list[str]:
+    return [n.op_type for n in model.graph.node if tensor in n.input]
+
+
+def producer_of(model: onnx.ModelProto, tensor: str) -> str:
+    return next(n.op_type for n in model.graph.node if tensor in n.output)
+
+
+def test_cpu_recipe_keeps_ops_without_int8_kernels_fp32() -> None:
+    model = mobile_block()
+    samples = feeds(8, shape=(1, 3, 16, 16))
+    everything = quantize_model(model, samples, QuantConfig("u8s8", reduce_range=True))
+    cpu = quantize_model(model, samples, config_for("cpu"))
+    # quantizing every op puts a Q/DQ pair on the input and output of HardSwish etc.
+    for tensor in ("h", "g", "sd"):
+        assert consumers_of(everything, tensor) == ["QuantizeLinear"], tensor
+    assert count_qdq(cpu)["QuantizeLinear"] < count_qdq(everything)["QuantizeLinear"]
+    by_name = {n.name: n for n in cpu.graph.node}
+    # the stem, its HardSwish and the depthwise conv read fp32 straight from their producer
+    assert by_name["stem"].input[0] == "x"
+    assert by_name["stem_act"].input[0] == "s"
+    assert by_name["dw"].input[0] == "h"
+    assert by_name["dw"].input[1] == "wd"  # fp32 weight, no DequantizeLinear
+    # the SE gate and scale stay fp32: no QuantizeLinear on their outputs
+    assert "QuantizeLinear" not in consumers_of(cpu, "g")
+    assert by_name["se_mul"].input[1] == "g"
+    # the spatial ReduceMean became GlobalAveragePool, quantized (a uint8 NHWC kernel in ORT)
+    assert by_name["se_mean"].op_type == "GlobalAveragePool"
+    assert "ReduceMean" not in {n.op_type for n in cpu.graph.node}
+    assert producer_of(cpu, by_name["se_mean"].input[0]) == "DequantizeLinear"
+    # the 1x1 projection, its Relu and the MaxPool are int8
+    assert producer_of(cpu, by_name["project"].input[1]) == "DequantizeLinear"
+    assert producer_of(cpu, by_name["pool"].input[0]) == "DequantizeLinear"
+    batch = {"x": rand(2, 3, 16, 16, seed=50)}
+    want, got, all8 = run(model, batch), run(cpu, batch), run(everything, batch)
+    for name in ("p",):
+        assert got[name].shape == want[name].shape
+        assert not np.array_equal(got[name], want[name])
+        err = np.abs(got[name] - want[name]).max() / np.abs(want[name]).max()
+        err_all = np.abs(all8[name] - want[name]).max() / np.abs(want[name]).max()
+        assert err < 0.05, (name, err)
+        assert err <= err_all * 1.5, (name, err, err_all)  # fewer quantized tensors
+
+
+def test_fp32_nodes_stem_depthwise_and_pools() -> None:
+    cfg = config_for("cpu")
+    assert fp32_nodes(mobile_block(), cfg) == ["stem", "stem_act", "dw"]
+    # a stem whose result feeds a pool stays int8 (ORT would run that pool in fp32 NCHW)
+    assert fp32_nodes(mobile_block(stem_pool=True), cfg) == ["dw"]
+    assert fp32_nodes(mobile_block(), QuantConfig("u8s8")) == []
+    assert fp32_nodes(mobile_block(), QuantConfig("u8s8", fp32_depthwise=True)) == ["dw"]
+    assert config_for("tensorrt").op_types is None  # TensorRT: every op int8
+    assert not config_for("tensorrt").fp32_stem
+
+
+def test_global_pool_rewrites_only_spatial_means() -> None:
+    from onnx import shape_inference
+
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "hw"], ["a"], keepdims=1, name="hw"),
+        helper.make_node("ReduceMean", ["x", "neg"], ["b"], keepdims=1, name="neg"),
+        helper.make_node("ReduceMean", ["x", "hw"], ["c"], keepdims=0, name="flat"),
+        helper.make_node("ReduceMean", ["x", "ch"], ["d"], keepdims=1, name="ch"),
+    ]
+    model = make(
+        nodes,
+        [f32("x", [2, 4, 5, 6])],
+        [f32("a", [2, 4, 1, 1]), f32("b", [2, 4, 1, 1]), f32("c", [2, 4]), f32("d", [2, 1, 5, 6])],
+        {
+            "hw": np.array([2, 3], np.int64),
+            "neg": np.array([-1, -2], np.int64),
+            "ch": np.array([1], np.int64),
+        },
+        opset=18,
+    )
+    model = shape_inference.infer_shapes(model)
+    x = {"x": rand(2, 4, 5, 6, seed=9)}
+    want = run(model, x)
+    assert global_pool(model) == 2
+    assert [n.op_type for n in model.graph.node] == [
+        "GlobalAveragePool",
+        "GlobalAveragePool",
+        "ReduceMean",
+        "ReduceMean",
+    ]
+    got = run(model, x)
+    for name in "abcd":
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
 # --- agreement -----------------------------------------------------------------------------
 
 
@@ -430,3 +577,30 @@ def test_digits_classifier_int8_top1_agreement(tmp_path: Path) -> None:
         assert a.samples == len(x_test)
         assert a.value >= 0.99, (runtime, a)
         check_agreement(a, 0.99)
+
+
+@pytest.mark.parametrize("runtime", ["cpu", "tensorrt"])
+def test_a_graph_output_that_feeds_a_relu_keeps_its_negative_values(runtime: str) -> None:
+    # y is a cut tensor (a graph output of the edge segment) that the edge also feeds
+    # on through a Relu: the quantizer folds the Relu into the Conv and would give y
+    # the Relu's range [0, max], losing every negative value on the wire
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4, name="conv"),
+        helper.make_node("Relu", ["y"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["z"], name="conv2"),
+    ]
+    model = make(
+        nodes,
+        [f32("x", ["N", 8, 16, 16])],  # 8 channels: not a stem, so it is quantized
+        [f32("y", ["N", 8, 16, 16]), f32("z", ["N", 8, 16, 16])],
+        {"w": rand(8, 8, 3, 3, seed=1) * 0.3, "w2": rand(8, 8, 1, 1, seed=2) * 0.3},
+        opset=18,
+    )
+    assert output_guards(model) == ["relu"]
+    samples = [{"x": rand(1, 8, 16, 16, seed=s)} for s in range(8)]
+    q = quantize_model(model, samples, config_for(runtime))
+    x = rand(2, 8, 16, 16, seed=99)
+    want = run(model, {"x": x})["y"]
+    got = run(q, {"x": x})["y"]
+    assert (want < 0).mean() > 0.3
+    assert np.abs(got - want).max() / np.abs(want).max() < 0.05
