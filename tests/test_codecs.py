@@ -246,7 +246,8 @@ def test_zstd_level_and_dictionary() -> None:
 def test_onnxruntime_quantize_gives_the_numpy_bytes(
     batch: int, channels: int, magnitude: float, per_tensor: bool, seed: int
 ) -> None:
-    from splitinfer.shared import codecs, quantops
+    from splitinfer.shared import quant as codecs
+    from splitinfer.shared import quantops
 
     rng = np.random.default_rng(seed)
     scales = rng.uniform(1e-3, 1.0, 1 if per_tensor else channels).astype(np.float32)
