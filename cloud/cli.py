@@ -32,7 +32,7 @@ from splitinfer.cloud.config import (
     scalar_fields,
 )
 from splitinfer.cloud.server import serve
-from splitinfer.shared.cli import run_cli
+from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.errors import ConfigError
 
 PROG = "cloud-service"
@@ -45,11 +45,6 @@ _METAVARS = {
     "trt_cache_dir": "DIR",
     "log_level": "LEVEL",
 }
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(message)
 
 
 def _flag(f: dataclasses.Field[Any]) -> str:
@@ -85,7 +80,7 @@ def _shown(value: Any) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog=PROG,
         description="Serve the cloud segments of split packages: batching, versions, metrics.",
     )

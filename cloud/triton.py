@@ -39,7 +39,7 @@ import onnx
 
 from splitinfer.cloud.config import BatchingConfig, load_toml
 from splitinfer.cloud.config import build_config as build_service_config
-from splitinfer.shared.cli import run_cli
+from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.errors import ConfigError, PackageError
 from splitinfer.shared.manifest import Cut, Manifest
 from splitinfer.shared.package import Package, open_package
@@ -369,13 +369,8 @@ def validate(path: Path | str) -> Any:
 # -- the command line ------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog=PROG,
         description="Export a split package's cloud segment as a Triton Inference Server model.",
     )

@@ -25,20 +25,15 @@ from typing import Any
 
 from splitinfer import __version__
 from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args, load_toml
-from splitinfer.shared.cli import run_cli
+from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.errors import ConfigError
 
 PROG = "edge-agent"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog=PROG,
         description="Run the device half of split models: a local HTTP API that answers "
         "with the package's edge segment and a cloud service.",
@@ -53,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def profile_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog=f"{PROG} profile",
         description="Measure per-node latency of the package's model on this device, in the "
         "format partition --edge-profile reads.",

@@ -33,7 +33,7 @@ from splitinfer.partitioner.pipeline import (
     stderr_progress,
     write_package,
 )
-from splitinfer.shared.cli import run_cli
+from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.costs import Constraints
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import Link, parse_duration, parse_rate
@@ -49,13 +49,8 @@ _SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mi
 _SIZE["gib"] = 2**30
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog="partition",
         description="Optimize an ONNX model and cut it into an edge and a cloud segment.",
     )

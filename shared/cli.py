@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from splitinfer.shared.errors import SplitInferError
+from splitinfer.shared.errors import ConfigError, SplitInferError
 
 #: Exit code for any error caused by input (bad model, flag, file, ...).
 EXIT_USAGE = 2
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors raise :class:`ConfigError`, so that :func:`run_cli`
+    prints them as one line and exits 2 like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
 
 
 def run_cli(

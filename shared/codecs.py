@@ -19,6 +19,7 @@ that grid; uint8 tensors travel as they are. The containers themselves live in
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -338,7 +339,7 @@ class Int4ZstdCodec(Int8ZstdCodec):
         return nibbles.unpack(raw, count)
 
 
-class _ImageCodec:
+class _ImageCodec(abc.ABC):
     """Image-shaped tensors as one picture per sample (see :mod:`.images`).
 
     ``[N, C, H, W]`` with C 1 or 3, or ``[N, H, W]``; float values become pixels
@@ -352,8 +353,9 @@ class _ImageCodec:
     dtypes: frozenset[str] = IMAGE_DTYPES
     _format: str
 
+    @abc.abstractmethod
     def _options(self) -> dict[str, int]:
-        raise NotImplementedError
+        """The container's encoder settings (zlib level, JPEG quality)."""
 
     def encode(self, array: Array, params: QuantParams | None = None) -> bytes:
         a = np.asarray(array)

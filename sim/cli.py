@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from splitinfer import __version__
-from splitinfer.shared.cli import run_cli
+from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import parse_duration
 from splitinfer.sim.config import Direction, LinkConfig, parse_outage
@@ -35,15 +35,10 @@ from splitinfer.sim.link import EmulatedLink
 PROG = "netsim"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Trace-driven network emulation for splitinfer.")
+    p = ArgumentParser(prog=PROG, description="Trace-driven network emulation for splitinfer.")
     p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
-    commands = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     commands.required = True
     link = commands.add_parser(
         "link",

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray")
+ray = pytest.importorskip("ray", reason="the optional ray extra is not installed")
 
 import aiohttp  # noqa: E402
 from cloudkit import (  # noqa: E402
@@ -346,7 +346,7 @@ def test_the_kuberay_manifest_deploys_this_application(repo: Path, creds: Path) 
     """The RayService's serveConfigV2 names a real builder whose args build a valid config."""
     import importlib
 
-    yaml = pytest.importorskip("yaml")
+    yaml = pytest.importorskip("yaml", reason="PyYAML (dev extra) is not installed")
     folder = Path(__file__).resolve().parent.parent / "deploy" / "kuberay"
     docs = {p.name: list(yaml.safe_load_all(p.read_text())) for p in folder.glob("*.yaml")}
     assert set(docs) == {"rayservice.yaml", "service.yaml"}

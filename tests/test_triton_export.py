@@ -24,7 +24,9 @@ from splitinfer.shared.errors import ConfigError, PackageError
 from splitinfer.shared.package import open_package
 
 pytestmark = pytest.mark.unit
-pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+pb = pytest.importorskip(
+    "tritonclient.grpc.model_config_pb2", reason="the optional triton extra is not installed"
+)
 
 
 @pytest.fixture(scope="module")

@@ -11,18 +11,21 @@ file first. The cloud options are validated by the same code as the daemon's.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitinfer.cloud.config import ServiceConfig, apply_override, build_config, load_toml
+from splitinfer.cloud.config import (
+    ServiceConfig,
+    _number,
+    _opt,
+    _positive_int,
+    apply_override,
+    build_config,
+    load_toml,
+)
 from splitinfer.shared.errors import ConfigError
-
-
-def _opt(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -57,13 +60,13 @@ class ScaleConfig:
         if not isinstance(self.service, ServiceConfig):
             raise ConfigError("service: missing; give repository=DIR (or config=FILE)")
         for name in ("min_replicas", "ingress_replicas", "max_versions_per_replica"):
-            _int(self, name, 1)
+            _positive_int(self, name, 1)
         for name in ("max_ongoing_requests",):
-            _int(self, name, 1)
-        _int(self, "initial_replicas", 0)
-        _int(self, "retries", 0)
-        _int(self, "moe_cache_bytes", 0)
-        _int(self, "max_replicas", self.min_replicas)
+            _positive_int(self, name, 1)
+        _positive_int(self, "initial_replicas", 0)
+        _positive_int(self, "retries", 0)
+        _positive_int(self, "moe_cache_bytes", 0)
+        _positive_int(self, "max_replicas", self.min_replicas)
         if self.initial_replicas and not (
             self.min_replicas <= self.initial_replicas <= self.max_replicas
         ):
@@ -72,10 +75,10 @@ class ScaleConfig:
                 f"min_replicas..max_replicas ({self.min_replicas}..{self.max_replicas})"
             )
         for name in ("target_ongoing_requests", "ingress_num_cpus"):
-            _num(self, name, 0.001)
+            _number(self, name, 0.001)
         for name in ("num_gpus", "num_cpus", "retry_backoff_s", "upscale_delay_s"):
-            _num(self, name, 0.0)
-        _num(self, "downscale_delay_s", 0.0)
+            _number(self, name, 0.0)
+        _number(self, "downscale_delay_s", 0.0)
         if self.moe_cache_policy not in ("lru", "lfru", "none"):
             raise ConfigError(f"moe_cache_policy={self.moe_cache_policy!r}: one of lru, lfru, none")
 
@@ -105,23 +108,6 @@ class ScaleConfig:
         else:
             options["num_replicas"] = self.min_replicas
         return options
-
-
-def _int(obj: object, name: str, minimum: int) -> None:
-    value = getattr(obj, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name}={value!r}: must be an integer >= {minimum}")
-
-
-def _num(obj: object, name: str, minimum: float) -> None:
-    value = getattr(obj, name)
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value < minimum
-    ):
-        raise ConfigError(f"{name}={value!r}: must be a finite number >= {minimum:g}")
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ScaleConfig) if f.name != "service"}
