@@ -2,6 +2,7 @@
 
     python bench/bench_cloud.py [--quick] [--seconds 3] [--levels 1,2,4,8,16,32,64]
                                 [--size 48] [--spinning] [--no-peer] [--json out.json]
+                                [--client auto|wrk|aiohttp]
 
 The model is a VGG-style CNN built with onnx.helper (conv-relu pairs of
 widths 32, 64, 128 on a 3x48x48 input, max pools between them); the package
@@ -25,15 +26,22 @@ same ONNX segment with ONNX Runtime on the CPU and the same session options
   one CPU worker) serving the segment; requests carry the activation as
   base64 in JSON (LitServe takes JSON or forms), answers are JSON.
 
-The load generator is a closed loop in this process (aiohttp, one connection
-per client): each of ``c`` clients sends a request, waits for its answer and
-sends the next. It shares the 2 CPUs with the servers, as a real co-located
-load generator would. Columns: req/s over the measured window; p50 and p99 of
-the client-side latency; ``batch``: mean samples per executed batch (from the
-service's /metrics, from LitServe's predict calls); ``ceiling`` and ``%ceil``:
-the ceiling around that level, and req/s over it; ``load``: the machine's
-1-minute load average after the level (2 CPUs: above 2 means other work
-competed for them, and every figure of that row is suspect).
+The load generator is a closed loop: each of ``c`` clients (one connection
+each) sends a request, waits for its answer and sends the next. It is wrk
+(``bench/wrk_closed_loop.lua``, one thread) when wrk is on PATH (``apt install
+wrk``), else aiohttp's client in this process (``--client`` chooses). Either
+shares the CPUs with the servers; wrk takes about 0.05 ms of CPU per request,
+the aiohttp client about 0.25 ms, which on 2 CPUs is CPU the servers lose.
+Columns: req/s over the measured window; p50 and p99 of the client-side
+latency; ``batch``: mean samples per executed batch (from the service's
+/metrics, from LitServe's predict calls); ``ceiling`` and ``%ceil``: the ceiling
+around that level, and req/s over it; ``load``: the machine's 1-minute load
+average after the level (2 CPUs: above 2 means other work competed for them,
+and every figure of that row is suspect); ``srv cpu`` and ``gen cpu``: CPU ms
+per request of the server's processes (all threads, ONNX Runtime's included)
+and of the load generator. The verdicts add a CPU budget line: at 80% of the
+ceiling, what the CPUs leave per request beside ONNX Runtime's own share, and
+what the service and the load generator took.
 
 Targets (issue 5): at concurrency 32 the batching service reaches >= 80% of the
 ceiling, with p99 <= max_queue_delay + 2 x its mean batch compute time; it is at
@@ -49,6 +57,8 @@ import base64
 import contextlib
 import json
 import os
+import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -88,6 +98,9 @@ class Row:
     ceiling: float = 0.0  # the bare session's best samples/s, measured around this level
     bare_p50_ms: float = 0.0  # the bare session's batch-1 p50, measured around this level
     loadavg: float = 0.0  # the machine's 1-minute load average after this level
+    server_cpu_ms: float = float("nan")  # CPU per request of the server's processes
+    client_cpu_ms: float = float("nan")  # CPU per request of the load generator
+    ceiling_cpu_ms: float = float("nan")  # the bare session's CPU per sample at the ceiling
 
 
 # -- the model ------------------------------------------------------------------------
@@ -162,6 +175,10 @@ class Bare:
         self.name = self.sess.get_inputs()[0].name
         self.sample = sample
         self.best = 1
+        #: CPU seconds (all threads) per sample at each batch size, last measured
+        self.cpu_per_sample: dict[int, float] = {}
+        #: CPU ms per sample at the ceiling's batch size, last measured (:meth:`now`)
+        self.ceiling_cpu_ms = float("nan")
 
     def measure(self, batch: int, seconds: float) -> tuple[float, float]:
         """(samples/s, p50 seconds) of back-to-back runs at ``batch``."""
@@ -170,10 +187,12 @@ class Bare:
         self.sess.run(None, feeds)
         times: list[float] = []
         end = time.perf_counter() + seconds
+        cpu0 = time.process_time()
         while time.perf_counter() < end or len(times) < 3:
             t0 = time.perf_counter()
             self.sess.run(None, feeds)
             times.append(time.perf_counter() - t0)
+        self.cpu_per_sample[batch] = (time.process_time() - cpu0) / (batch * len(times))
         return batch * len(times) / sum(times), statistics.median(times)
 
     def sweep(self, seconds: float) -> dict[int, tuple[float, float]]:
@@ -188,7 +207,9 @@ class Bare:
         can crown the wrong size.
         """
         rates = {b: self.measure(b, seconds) for b in sorted({1, self.best, 32})}
-        return max(r for r, _ in rates.values()), 1000 * rates[1][1]
+        top = max(rates, key=lambda b: rates[b][0])
+        self.ceiling_cpu_ms = 1000 * self.cpu_per_sample[top]
+        return rates[top][0], 1000 * rates[1][1]
 
     def around(self, before: tuple[float, float]) -> tuple[float, float]:
         """Mean of a measurement taken before a level and one taken now, after it."""
@@ -338,10 +359,72 @@ def serve_litserve(segment: Path, port: int, batch_log: Path) -> None:
 # -- load -------------------------------------------------------------------------------
 
 
-async def closed_loop(
+@dataclass
+class Load:
+    """What one closed-loop run measured."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    errors: int
+    client_cpu_s: float  # the load generator's CPU time over the measured window
+
+
+CEILING_CPU_MS = [float("nan")]  # the last level's bare CPU per sample (for row())
+CLIENT = ["aiohttp"]  # --client: the load generator (wrk when it is installed)
+WRK_SCRIPT = Path(__file__).resolve().parent / "wrk_closed_loop.lua"
+
+
+def closed_loop(
     url: str, bodies: list[bytes], content_type: str, concurrency: int, seconds: float
-) -> tuple[float, list[float], int]:
-    """(req/s, latencies, errors) of ``concurrency`` clients over ``seconds`` after a warm-up."""
+) -> Load:
+    """``concurrency`` clients, each sending its next request when its answer is in."""
+    if CLIENT[0] == "wrk":
+        return wrk_loop(url, bodies, content_type, concurrency, seconds)
+    return asyncio.run(aiohttp_loop(url, bodies, content_type, concurrency, seconds))
+
+
+def wrk_loop(
+    url: str, bodies: list[bytes], content_type: str, concurrency: int, seconds: float
+) -> Load:
+    """wrk (C, one thread): a load generator that costs its host a few µs per request."""
+    with tempfile.TemporaryDirectory(prefix="bench-wrk-") as tmp:
+        files = []
+        for i, body in enumerate(bodies):
+            files.append(Path(tmp) / f"{i}.body")
+            files[-1].write_bytes(body)
+        cmd = ["wrk", "-t1", f"-c{concurrency}", "-s", str(WRK_SCRIPT)]
+        args = [url, "--", content_type, *map(str, files)]
+        warm = max(1, round(min(1.0, seconds / 2)))
+        subprocess.run([*cmd, f"-d{warm}s", *args], capture_output=True, check=True)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = subprocess.run(
+            [*cmd, f"-d{max(1, round(seconds))}s", "--timeout", "30s", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    line = next((ln for ln in out.splitlines() if ln.startswith("WRK-RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no result: {out[-500:]}")
+    r = json.loads(line.split(" ", 1)[1])
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return Load(
+        r["requests"] / (r["duration_us"] / 1e6),
+        r["p50_us"] / 1000,
+        r["p99_us"] / 1000,
+        r["requests"],
+        r["socket_errors"] + r["non_2xx"],
+        cpu,
+    )
+
+
+async def aiohttp_loop(
+    url: str, bodies: list[bytes], content_type: str, concurrency: int, seconds: float
+) -> Load:
+    """The same closed loop in this process with aiohttp's client (when wrk is absent)."""
     import aiohttp
 
     latencies: list[float] = []
@@ -371,13 +454,36 @@ async def closed_loop(
         tasks = [asyncio.create_task(client(i)) for i in range(concurrency)]
         await asyncio.sleep(min(1.0, seconds / 2))  # warm-up: fill the pipeline
         measuring = True
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.sleep(seconds)
         measuring = False
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         stop = True
         await asyncio.gather(*tasks)
-    return len(latencies) / elapsed, latencies, errors
+    return Load(
+        len(latencies) / elapsed,
+        pct(latencies, 50),
+        pct(latencies, 99),
+        len(latencies),
+        errors,
+        cpu,
+    )
+
+
+def group_cpu(pgid: int) -> float:
+    """CPU seconds used so far by the live processes of process group ``pgid`` (Linux)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def pct(values: list[float], q: float) -> float:
@@ -413,36 +519,69 @@ def run_service(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     rows = []
-    with process(service_cmd(repo, port, system == "batching"), f"{base}/readyz"):
+    with process(service_cmd(repo, port, system == "batching"), f"{base}/readyz") as proc:
         for c in levels:
             probe = bare.now()
-            before = scrape(base)
-            rps, lat, errors = asyncio.run(
-                closed_loop(f"{base}/v1/models/{MODEL}/infer", frames, FRAME_TYPE, c, seconds)
-            )
-            after = scrape(base)
+            before, cpu0 = scrape(base), group_cpu(proc.pid)
+            load = closed_loop(f"{base}/v1/models/{MODEL}/infer", frames, FRAME_TYPE, c, seconds)
+            after, cpu = scrape(base), group_cpu(proc.pid) - cpu0
             ceiling, floor = bare.around(probe)
+            CEILING_CPU_MS[0] = bare.ceiling_cpu_ms
             d = {k: after[k] - before[k] for k in after}
             batch = d["inferences"] / d["executions"] if d["executions"] else float("nan")
             compute = 1000 * d["compute_sum"] / d["compute_count"] if d["compute_count"] else 0.0
-            rows.append(Row(system, c, rps, pct(lat, 50), pct(lat, 99), batch, len(lat), errors,
-                            compute, ceiling, floor, os.getloadavg()[0]))  # fmt: skip
+            rows.append(row(system, c, load, batch, compute, ceiling, floor, cpu, d["inferences"]))
             print_row(rows[-1])
     return rows
+
+
+def row(
+    system: str,
+    c: int,
+    load: Load,
+    batch: float,
+    compute_ms: float,
+    ceiling: float,
+    floor: float,
+    server_cpu_s: float,
+    served: float,
+) -> Row:
+    """One table row; CPU per request over everything the server answered meanwhile
+    (warm-up included: the load generator's own CPU is per measured request)."""
+    return Row(
+        system,
+        c,
+        load.rps,
+        load.p50_ms,
+        load.p99_ms,
+        batch,
+        load.requests,
+        load.errors,
+        compute_ms,
+        ceiling,
+        floor,
+        os.getloadavg()[0],
+        1000 * server_cpu_s / served if served else float("nan"),
+        1000 * load.client_cpu_s / load.requests if load.requests else float("nan"),
+        CEILING_CPU_MS[0],
+    )
 
 
 def run_echo(frames: list[bytes], seconds: float, bare: Bare) -> list[Row]:
     """The HTTP round trip alone at concurrency 1: what no service on aiohttp can beat."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    with process([sys.executable, __file__, "--serve-echo", str(port)], f"{base}/readyz"):
+    with process([sys.executable, __file__, "--serve-echo", str(port)], f"{base}/readyz") as proc:
         probe = bare.now()
-        rps, lat, errors = asyncio.run(closed_loop(f"{base}/echo", frames, FRAME_TYPE, 1, seconds))
+        cpu0 = group_cpu(proc.pid)
+        load = closed_loop(f"{base}/echo", frames, FRAME_TYPE, 1, seconds)
+        cpu = group_cpu(proc.pid) - cpu0
         ceiling, floor = bare.around(probe)
-        row = Row("http-echo", 1, rps, pct(lat, 50), pct(lat, 99), float("nan"), len(lat), errors,
-                  0.0, ceiling, floor, os.getloadavg()[0])  # fmt: skip
-        print_row(row)
-    return [row]
+        CEILING_CPU_MS[0] = bare.ceiling_cpu_ms
+        served = load.requests * (1 + min(1.0, seconds / 2) / seconds)  # with the warm-up
+        r = row("http-echo", 1, load, float("nan"), 0.0, ceiling, floor, cpu, served)
+        print_row(r)
+    return [r]
 
 
 def run_peer(
@@ -455,18 +594,18 @@ def run_peer(
     cmd = [sys.executable, __file__, "--serve-litserve", str(segment), str(port), str(log)]
     cmd += ["--spinning"] if SPINNING[0] else []
     rows = []
-    with process(cmd, f"{base}/health"):
+    with process(cmd, f"{base}/health") as proc:
         for c in levels:
             probe = bare.now()
             seen = len(log.read_text().split())
-            rps, lat, errors = asyncio.run(
-                closed_loop(f"{base}/predict", bodies, "application/json", c, seconds)
-            )
+            cpu0 = group_cpu(proc.pid)
+            load = closed_loop(f"{base}/predict", bodies, "application/json", c, seconds)
+            cpu = group_cpu(proc.pid) - cpu0
             sizes = [int(v) for v in log.read_text().split()[seen:]]
             ceiling, floor = bare.around(probe)
+            CEILING_CPU_MS[0] = bare.ceiling_cpu_ms
             batch = statistics.mean(sizes) if sizes else float("nan")
-            rows.append(Row("litserve", c, rps, pct(lat, 50), pct(lat, 99), batch, len(lat),
-                            errors, 0.0, ceiling, floor, os.getloadavg()[0]))  # fmt: skip
+            rows.append(row("litserve", c, load, batch, 0.0, ceiling, floor, cpu, sum(sizes)))
             print_row(rows[-1])
     return rows
 
@@ -475,7 +614,7 @@ def run_peer(
 
 HEADER = (
     f"{'system':<10} {'conc':>5} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'batch':>7} "
-    f"{'ceiling':>8} {'%ceil':>6} {'errors':>6} {'load':>5}"
+    f"{'ceiling':>8} {'%ceil':>6} {'errors':>6} {'load':>5} {'srv cpu':>8} {'gen cpu':>8}"
 )
 
 
@@ -483,8 +622,24 @@ def print_row(r: Row) -> None:
     print(
         f"{r.system:<10} {r.concurrency:>5} {r.rps:>9.1f} {r.p50_ms:>9.2f} {r.p99_ms:>9.2f} "
         f"{r.batch:>7.1f} {r.ceiling:>8.1f} {100 * r.rps / r.ceiling:>5.0f}% {r.errors:>6} "
-        f"{r.loadavg:>5.1f}",
+        f"{r.loadavg:>5.1f} {r.server_cpu_ms:>8.3f} {r.client_cpu_ms:>8.3f}",
         flush=True,
+    )
+
+
+def budget(r: Row) -> str:
+    """Where the CPU goes at the ceiling target: what is left beside ONNX Runtime's share."""
+    ncpu = os.cpu_count() or 1
+    rate = TARGET_CEILING * r.ceiling
+    per_request = 1000 * ncpu / rate
+    left = per_request - r.ceiling_cpu_ms
+    return (
+        f"c={r.concurrency}: CPU per request at {rate:.0f} req/s ({100 * TARGET_CEILING:.0f}% "
+        f"of the ceiling) on {ncpu} CPUs: {per_request:.3f} ms, of which ONNX Runtime needs "
+        f"{r.ceiling_cpu_ms:.3f} (bare, best batch), leaving {left:.3f} ms for the service "
+        f"beyond it, the load generator and the kernel; measured: service "
+        f"{r.server_cpu_ms - r.ceiling_cpu_ms:.3f} beyond it (its {r.server_cpu_ms:.3f} "
+        f"minus the bare compute), load generator {r.client_cpu_ms:.3f} ({CLIENT[0]})"
     )
 
 
@@ -506,6 +661,7 @@ def verdicts(rows: list[Row]) -> list[tuple[str, bool | None]]:
         if off is not None:
             line += f"; batching off: {off.rps:.1f} req/s = {100 * off.rps / off.ceiling:.0f}%"
         out.append((line, share >= TARGET_CEILING))
+        out.append((budget(b32), None))
         bound = DELAY_MS + 2 * b32.compute_ms
         out.append(
             (
@@ -557,6 +713,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", type=Path, help="write the rows and verdicts here")
     p.add_argument(
+        "--client",
+        choices=("auto", "wrk", "aiohttp"),
+        default="auto",
+        help="the load generator: wrk (C; auto picks it when it is on PATH) or aiohttp "
+        "(Python, in this process: it takes more of the shared CPUs)",
+    )
+    p.add_argument(
         "--service-arg",
         action="append",
         default=[],
@@ -570,6 +733,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     SPINNING[0] = args.spinning
     SERVICE_ARGS[:] = args.service_arg
+    if args.client == "wrk" and shutil.which("wrk") is None:
+        p.error("--client wrk: wrk is not on PATH (apt install wrk, brew install wrk)")
+    CLIENT[0] = "wrk" if args.client != "aiohttp" and shutil.which("wrk") else "aiohttp"
     if args.serve_echo:
         serve_echo(args.serve_echo)
         return 0
@@ -590,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"cloud segment: {manifest.cut.id} input {spec.name} {list(sample)} float32, "
         f"{manifest.cut.cloud_flops / 1e6:.0f} MFLOP/sample; cpus: {os.cpu_count()}; "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"load average {os.getloadavg()[0]:.1f}; load generator: {CLIENT[0]}"
     )
 
     bare = Bare(segment, sample)

@@ -7,6 +7,11 @@ off the event loop (stacking, the runtime and splitting all happen there); the
 loop only moves requests and sets results. The batcher is driven by events (a
 submit, a finished batch, a timer at ``wake_at``), so nothing polls.
 
+Hand-offs cost the model time, so the loop keeps them short: a finished batch's
+successor is launched before its callers are answered, and the loop lets go of
+the GIL when it launches a batch until the worker is inside the runtime (at most
+``HANDOFF_S``; the worker would otherwise wait for the busy loop's next pause).
+
 The same engine runs under the HTTP server, in ``sim/`` and in tests.
 """
 
@@ -16,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +48,7 @@ from splitinfer.shared.frame import (
     decode_response,
     encode_request,
     encode_response,
-    peek_request,
+    read_request_head,
 )
 from splitinfer.shared.manifest import PrivacySpec
 from splitinfer.shared.privacy import Budget, BudgetPolicy, PrivacyBudgetExhausted
@@ -50,6 +56,8 @@ from splitinfer.shared.privacy import Budget, BudgetPolicy, PrivacyBudgetExhaust
 log = logging.getLogger("splitinfer.cloud")
 
 DEFAULT_PRIORITY = 5
+#: The most the loop waits for a free worker to enter the runtime with a new batch.
+HANDOFF_S = 0.002
 
 
 class BatchFailed(RuntimeError):
@@ -106,8 +114,10 @@ class Engine:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._executing = 0  # batches handed to the pool and not finished
         self._watcher: asyncio.Task[None] | None = None
-        workers = config.workers or max(2, 2 * config.batching.max_concurrent_batches)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="splitinfer-batch")
+        self._workers = config.workers or max(2, 2 * config.batching.max_concurrent_batches)
+        self._pool = ThreadPoolExecutor(
+            max_workers=self._workers, thread_name_prefix="splitinfer-batch"
+        )
         self.closing = False
         p = config.privacy
         self.privacy = (
@@ -195,14 +205,15 @@ class Engine:
             raise ShuttingDown("the service is shutting down", 5.0)
         admitted = self.clock()
         state = self.registry.model(model)
-        ids = peek_request(body, self.limits)
-        if ids is not None and ids[0] != model:
-            raise ProtocolError(f"frame.model: {ids[0]!r} does not match the URL's model {model!r}")
-        lv = state.route(ids[1] if ids else "", device, admitted, self.registry.draw())
-        runner = lv.runner(ids[2]) if ids else None
-        request = decode_request(body, lv.manifest, self.limits, runner.codecs if runner else None)
+        head = read_request_head(body, self.limits)  # parsed once, for routing and decoding
+        if head.model != model:
+            raise ProtocolError(
+                f"frame.model: {head.model!r} does not match the URL's model {model!r}"
+            )
+        lv = state.route(head.model_version, device, admitted, self.registry.draw())
+        runner = lv.runner(head.cut_id)
+        request = decode_request(head, lv.manifest, self.limits, runner.codecs)
         self._check_privacy(lv.manifest.privacy, request.privacy.noise_multiplier, device, model)
-        runner = runner or lv.runner(request.cut_id)
         arrays = {t.name: t.array for t in request.tensors}
         outputs, load = await self._submit(model, lv, runner, arrays, request, priority, admitted)
         response = Response(
@@ -356,14 +367,21 @@ class Engine:
         """
         pending = [it.payload for it in batch.items]
         runner = pending[0].runner
+        entered = threading.Event()
         work = self._pool.submit(
             _compute,
             runner,
             [p.arrays for p in pending],
             [it.rows for it in batch.items],
             [p.length for p in pending],
+            entered,
         )
         self._executing += 1
+        if self._executing <= self._workers:
+            # A worker is free: let go of the GIL until it is inside the runtime. Left
+            # to the busy loop, the GIL reaches the worker only at the loop's next wait
+            # or after the interpreter's switch interval (5 ms), the model idle meanwhile.
+            entered.wait(HANDOFF_S)
         loop = asyncio.get_running_loop()
 
         def done(f: Future[tuple[list[Arrays], float]]) -> None:
@@ -384,34 +402,36 @@ class Engine:
         lv = pending[0].version
         vm = self.metrics.version(model, lv.version)
         now = self.clock()
+        failure: Exception | None = None
+        shares: list[Arrays] = []
+        seconds = 0.0
         try:
             shares, seconds = work.result()
         except Exception as exc:
+            failure = exc
+        batcher.complete(batch, now, seconds, ok=failure is None)
+        lv.breaker.record(failure is None, now)
+        self._pump(model)  # the next batch starts before this one's callers are answered
+        if failure is not None:
             log.error(
-                "%s version %s: batch of %d failed", model, lv.version, batch.rows, exc_info=exc
+                "%s version %s: batch of %d failed", model, lv.version, batch.rows, exc_info=failure
             )
-            batcher.complete(batch, now, 0.0, ok=False)
-            lv.breaker.record(False, now)
             vm.breaker_open.set(lv.breaker.state != "closed")
             error = BatchFailed(
-                f"the model failed on this batch: {' '.join(str(exc).split())[:200]}"
+                f"the model failed on this batch: {' '.join(str(failure).split())[:200]}"
             )
             for p in pending:
                 if not p.future.done():
                     p.future.set_exception(error)
-        else:
-            batcher.complete(batch, now, seconds, ok=True)
-            lv.breaker.record(True, now)
-            vm.breaker_open.set(0)
-            vm.compute_seconds.observe(seconds)
-            vm.batch_size.observe(batch.rows)
-            vm.inferences.inc(batch.rows)
-            vm.executions.inc()
-            for p, share in zip(pending, shares, strict=True):
-                if not p.future.done():
-                    p.future.set_result(share)
-        finally:
-            self._pump(model)
+            return
+        vm.breaker_open.set(0)
+        vm.compute_seconds.observe(seconds)
+        vm.batch_size.observe(batch.rows)
+        vm.inferences.inc(batch.rows)
+        vm.executions.inc()
+        for p, share in zip(pending, shares, strict=True):
+            if not p.future.done():
+                p.future.set_result(share)
 
     def _set_gauges(self, model: str, batcher: Batcher[_Pending]) -> None:
         self.metrics.model(model).queued.set(batcher.queued_rows)
@@ -435,9 +455,13 @@ def _compute(
     parts: Sequence[Arrays],
     rows: Sequence[int],
     lengths: Sequence[int | None],
+    entered: threading.Event,
 ) -> tuple[list[Arrays], float]:
     """Stack, run and split one batch; runs in a worker thread. Returns (shares, run seconds)."""
-    feeds = stack(parts, runner.inputs)
+    try:
+        feeds = stack(parts, runner.inputs)
+    finally:
+        entered.set()  # the loop may go on: the runtime lets go of the GIL while it runs
     started = time.perf_counter()
     produced = runner.runtime.run(feeds)
     seconds = time.perf_counter() - started

@@ -61,10 +61,10 @@ class CutRunner:
     batchable: bool
     pad: PadPlan | None
     latency: LatencyModel = field(default_factory=LatencyModel)
+    inputs: tuple[str, ...] = field(init=False)  # the cut tensors' names, read per request
 
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.cut.tensors)
+    def __post_init__(self) -> None:
+        self.inputs = tuple(t.name for t in self.cut.tensors)
 
 
 @dataclass(eq=False)

@@ -29,6 +29,8 @@ def choose_version(policy: ModelPolicy, ready: Sequence[str], draw: float) -> st
     """
     if not ready:
         raise ValueError("no ready version to choose from")
+    if len(ready) == 1:  # the common case, on every request: nothing to weigh
+        return ready[0]
     ordered = sorted(ready, key=version_key)
     weighted = [(v, float(policy.weights.get(v, 0.0))) for v in ordered]
     weighted = [(v, w) for v, w in weighted if w > 0]

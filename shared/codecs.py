@@ -20,6 +20,7 @@ that grid; uint8 tensors travel as they are. The containers themselves live in
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -80,6 +81,7 @@ __all__ = [
     "default_codecs",
     "dequantize",
     "dequantize_reference",
+    "dtype_name",
     "from_pixels",
     "get_codec",
     "quantize",
@@ -133,11 +135,18 @@ class Codec(Protocol):
         shape: tuple[int, ...],
         params: QuantParams | None,
         max_bytes: int,
-    ) -> Array: ...
+    ) -> Array:
+        """The values; possibly a read-only view of ``data`` (copy it to write)."""
+        ...
 
 
 class RawCodec:
-    """Id 1: the values as they are, little-endian. Lossless."""
+    """Id 1: the values as they are, little-endian. Lossless.
+
+    Decoding is zero-copy where it can be: on a little-endian machine, with the
+    payload aligned for its dtype (the frame encoder pads its header so that
+    the first payload is), the result is a read-only view of the frame.
+    """
 
     id: int = RAW
     name: str = "raw"
@@ -145,7 +154,7 @@ class RawCodec:
     dtypes: frozenset[str] = RAW_DTYPES
 
     def encode(self, array: Array, params: QuantParams | None = None) -> bytes:
-        dtype = _wire_dtype(str(np.asarray(array).dtype), self)
+        dtype = _wire_dtype(dtype_name(np.asarray(array).dtype), self)
         return np.ascontiguousarray(array, dtype=dtype).tobytes()
 
     def decode(
@@ -158,7 +167,11 @@ class RawCodec:
     ) -> Array:
         wire = _wire_dtype(dtype, self)
         _expect(data, _count(shape) * wire.itemsize, max_bytes, self)
-        return np.frombuffer(data, dtype=wire).reshape(shape).astype(dtype)
+        array = np.frombuffer(data, dtype=wire).reshape(shape)
+        if not array.flags.aligned:  # numpy's unaligned paths are ~10x slower than a memcpy
+            array = np.frombuffer(bytes(data), dtype=wire).reshape(shape)
+        # a read-only view of the frame where the wire layout is the native one
+        return array if wire == _native(dtype) else array.astype(dtype)
 
 
 class Fp16Codec:
@@ -504,7 +517,23 @@ def _check_dtype(dtype: str, codec: Codec) -> None:
 
 def _wire_dtype(dtype: str, codec: Codec) -> np.dtype[Any]:
     _check_dtype(dtype, codec)
+    return _little(dtype)
+
+
+@functools.cache
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """``str(dtype)``, remembered: numpy builds the string anew on every call."""
+    return str(dtype)
+
+
+@functools.cache
+def _little(dtype: str) -> np.dtype[Any]:
     return np.dtype(dtype).newbyteorder("<")
+
+
+@functools.cache
+def _native(dtype: str) -> np.dtype[Any]:
+    return np.dtype(dtype)
 
 
 def _expect(data: Buffer, nbytes: int, max_bytes: int, codec: Codec) -> None:

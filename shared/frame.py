@@ -6,7 +6,9 @@ Layout, all integers little-endian::
     version  u8       FRAME_VERSION
     kind     u8       1 = request, 2 = response
     hlen     u32      length of the header
-    header   hlen     UTF-8 JSON object (ids, tensor specs, privacy, deadline)
+    header   hlen     UTF-8 JSON object (ids, tensor specs, privacy, deadline),
+                      padded with trailing spaces so that the first payload starts
+                      16-byte aligned (JSON allows them; a decoder need not rely on it)
     then per tensor, in header order:
     plen     u32      length of the payload
     payload  plen     the codec's bytes
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from splitinfer.shared.codecs import RAW, Array, Codec, QuantParams, get_codec
+from splitinfer.shared.codecs import RAW, Array, Codec, QuantParams, dtype_name, get_codec
 from splitinfer.shared.errors import CodecError, ConfigError, ProtocolError
 from splitinfer.shared.manifest import Manifest, QuantSpec, TensorSpec
 
@@ -43,6 +45,10 @@ QUANT_FROM_MANIFEST = "manifest"
 _PREAMBLE = struct.Struct("<4sBBI")
 _LENGTH = struct.Struct("<I")
 _MAX_TEXT = 256
+#: Encoders pad the header so that the first payload starts at a multiple of this
+#: (from the frame's start): a receiver's buffer is at least 16-byte aligned, so a
+#: raw payload decodes to a view, not a copy (see ``RawCodec``).
+_PAYLOAD_ALIGN = 16
 _MAX_RANK = 8
 _MAX_U64 = 2**64 - 1
 
@@ -151,6 +157,38 @@ def encode_response(response: Response, codecs: Mapping[int, Codec] | None = Non
     return _encode(KIND_RESPONSE, header, response.tensors, codecs)
 
 
+@dataclass(frozen=True)
+class RequestHead:
+    """A request frame whose preamble is checked and whose header is parsed, but not yet
+    validated against a manifest: what routing needs, kept so that
+    :func:`decode_request` does not parse the header a second time."""
+
+    model: str
+    model_version: str
+    cut_id: str
+    header: dict[str, Any]
+    view: memoryview
+    end: int  # where the payloads start
+
+
+def read_request_head(data: bytes, limits: Limits) -> RequestHead:
+    """The routing fields of a request frame; raises :class:`ProtocolError`."""
+    try:
+        header, view, end = _split(data, KIND_REQUEST, _REQUEST_KEYS, limits)
+        return RequestHead(
+            _text(header, "model", "frame"),
+            _text(header, "model_version", "frame"),
+            _text(header, "cut_id", "frame"),
+            header,
+            view,
+            end,
+        )
+    except ProtocolError:
+        raise
+    except (ValueError, TypeError, UnicodeDecodeError, struct.error) as exc:
+        raise ProtocolError(f"frame: malformed ({type(exc).__name__}: {exc})") from exc
+
+
 def peek_request(data: bytes, limits: Limits) -> tuple[str, str, str] | None:
     """``(model, model_version, cut_id)`` from a request frame's header, or None.
 
@@ -159,21 +197,27 @@ def peek_request(data: bytes, limits: Limits) -> tuple[str, str, str] | None:
     reports what is wrong with a frame this returns None for.
     """
     try:
-        header, _, _ = _split(data, KIND_REQUEST, _REQUEST_KEYS, limits)
-    except (ProtocolError, ValueError, TypeError, UnicodeDecodeError, struct.error):
+        head = read_request_head(data, limits)
+    except ProtocolError:
         return None
-    ids = (header.get("model"), header.get("model_version"), header.get("cut_id"))
-    if not all(isinstance(v, str) for v in ids):
-        return None
-    return ids  # type: ignore[return-value]
+    return head.model, head.model_version, head.cut_id
 
 
 def decode_request(
-    data: bytes, manifest: Manifest, limits: Limits, codecs: Mapping[int, Codec] | None = None
+    data: bytes | RequestHead,
+    manifest: Manifest,
+    limits: Limits,
+    codecs: Mapping[int, Codec] | None = None,
 ) -> Request:
-    """Parse and validate a request frame against the manifest's cut tensors."""
+    """Parse and validate a request frame against the manifest's cut tensors.
+
+    ``data`` may be the frame's :class:`RequestHead` (from :func:`read_request_head`).
+    """
     try:
-        header, view, end = _split(data, KIND_REQUEST, _REQUEST_KEYS, limits)
+        if isinstance(data, RequestHead):
+            header, view, end = data.header, data.view, data.end
+        else:
+            header, view, end = _split(data, KIND_REQUEST, _REQUEST_KEYS, limits)
         model = _text(header, "model", "frame")
         if model != manifest.model_name:
             raise ProtocolError(
@@ -260,7 +304,7 @@ def _encode(
         metas.append(
             {
                 "name": t.name,
-                "dtype": str(array.dtype),
+                "dtype": dtype_name(array.dtype),
                 "shape": list(array.shape),
                 "codec": codec.id,
                 "quant": quant,
@@ -268,6 +312,8 @@ def _encode(
         )
     header["tensors"] = metas
     blob = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if payloads:  # pad the JSON with spaces: the first payload starts 16-byte aligned
+        blob += b" " * (-(_PREAMBLE.size + len(blob) + _LENGTH.size) % _PAYLOAD_ALIGN)
     parts = [_PREAMBLE.pack(MAGIC, FRAME_VERSION, kind, len(blob)), blob]
     for p in payloads:
         parts += [_LENGTH.pack(len(p)), p]
@@ -468,6 +514,8 @@ def _calibrated(
 def _obj(raw: Any, where: str, keys: frozenset[str]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ProtocolError(f"{where}: expected an object, got {type(raw).__name__}")
+    if raw.keys() == keys:
+        return raw
     missing = sorted(keys - raw.keys())
     if missing:
         raise ProtocolError(f"{where}.{missing[0]}: missing")

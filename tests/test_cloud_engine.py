@@ -360,3 +360,41 @@ async def test_stopping_drains_the_queue_then_refuses(repo: Path, gate: Gate) ->
     gate.open.set()
     await stopping
     assert [t.result().version for t in tasks] == ["2"] * 5
+
+
+async def test_a_launched_batch_is_inside_the_runtime_before_the_loop_goes_on(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop hands the GIL to the worker at launch instead of making it wait for a pause."""
+    from splitinfer.cloud import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "HANDOFF_S", 30.0)  # no timing in the assertion
+    armed, inside, release = threading.Event(), threading.Event(), threading.Event()
+
+    class Entered(Runtime):
+        def run(self, feeds: Any) -> dict[str, np.ndarray]:
+            if armed.is_set():  # not during the warm-up
+                inside.set()
+                release.wait(timeout=30)
+            return super().run(feeds)
+
+    seen: list[bool] = []
+    launch = Engine._launch
+
+    def launch_and_look(self: Engine, *args: Any) -> None:
+        launch(self, *args)
+        seen.append(inside.is_set())  # no await in between: the loop has kept the GIL
+
+    monkeypatch.setattr(Engine, "_launch", launch_and_look)
+    m = manifest_of(repo)
+    async with Engine(config(repo), runtime_factory=Entered) as engine:
+        await engine.infer("chain", frame(m, {"x": x(1)}))  # the pool's thread is started
+        armed.set()
+        task = asyncio.create_task(engine.infer("chain", frame(m, {"x": x(0)})))
+        try:
+            await until(lambda: running(engine) == 1)
+            assert seen[1:] == [True]  # _launch returned only once the worker was in run()
+        finally:
+            release.set()
+        want = run(repo / "chain" / "2" / "cloud.onnx", {"x": x(0)})["y"]
+        np.testing.assert_allclose(answer(m, (await task).body), want, rtol=1e-6, atol=1e-6)

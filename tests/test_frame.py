@@ -328,3 +328,43 @@ def test_peek_request_reads_the_ids_and_nothing_else() -> None:
     assert peek_request(frame[:8], Limits()) is None  # truncated preamble
     assert peek_request(b"XXXX" + frame[4:], Limits()) is None  # not a frame
     assert peek_request(frame, Limits(max_header_bytes=8)) is None  # header over the limit
+
+
+def test_read_request_head_parses_once_for_routing_and_decoding() -> None:
+    from splitinfer.shared.frame import read_request_head
+
+    data = encode_request(request())
+    head = read_request_head(data, LIMITS)
+    assert (head.model, head.model_version, head.cut_id) == ("tiny", "3", "c1")
+    from_head = decode_request(head, MANIFEST, LIMITS)
+    assert encode_request(from_head) == encode_request(decode_request(data, MANIFEST, LIMITS))
+    with pytest.raises(ProtocolError, match=r"frame.model_version: expected a string"):
+        read_request_head(frame_with(lambda h: h.update(model_version=3)), LIMITS)
+    with pytest.raises(ProtocolError, match=r"frame.magic"):
+        read_request_head(b"XXXX" + data[4:], LIMITS)
+    with pytest.raises(ProtocolError, match=r"frame.header: not UTF-8 JSON"):
+        read_request_head(data[:10] + b"\xff" + data[11:], LIMITS)
+
+
+def test_the_first_payload_is_aligned_and_raw_tensors_decode_without_a_copy() -> None:
+    for trace_id in ("", "t", "tt", "ttt-with-more-characters"):
+        data = encode_request(request(trace_id=trace_id))
+        (hlen,) = struct.unpack_from("<I", data, 6)
+        assert (10 + hlen + 4) % 16 == 0  # preamble, padded header, payload length
+        json.loads(data[10 : 10 + hlen])  # the padding is JSON whitespace
+        got = decode_request(data, MANIFEST, LIMITS)
+        body = np.frombuffer(data, np.uint8)
+        for t, sent in zip(got.tensors, request().tensors, strict=True):
+            assert np.shares_memory(t.array, body)  # a view of the frame, not a copy
+            assert not t.array.flags.writeable
+            np.testing.assert_array_equal(t.array, sent.array)
+
+
+def test_an_unaligned_frame_from_another_encoder_still_decodes() -> None:
+    unpadded = frame_with(lambda h: None)  # header re-encoded without the padding
+    (hlen,) = struct.unpack_from("<I", unpadded, 6)
+    assert (10 + hlen + 4) % 4 != 0  # the float32 payload is misaligned
+    got = decode_request(unpadded, MANIFEST, LIMITS)
+    for t, sent in zip(got.tensors, request().tensors, strict=True):
+        assert t.array.flags.aligned
+        np.testing.assert_array_equal(t.array, sent.array)
