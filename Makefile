@@ -39,10 +39,18 @@ pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Every benchmark, one after another; writes docs/benchmarks.md and .json.
-bench: $(STAMP)
+# The `bench` extra brings the peer server (LitServe); bench_cloud drives its load
+# with wrk when wrk is on PATH (apt install wrk), else with aiohttp's client.
+BENCH_STAMP := $(VENV)/.bench-stamp
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py
 
-bench-quick: $(STAMP)
+bench-quick: $(BENCH_STAMP)
 	$(BIN)/python bench/run_all.py --quick
 
 clean:

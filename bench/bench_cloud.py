@@ -567,6 +567,58 @@ def row(
     )
 
 
+def engine_cpu(repo: Path, frames: list[bytes], concurrency: int, seconds: float) -> float:
+    """CPU µs per request of the engine alone: in this process, no sockets, every
+    segment replaced by a stub answering zeros at once (so only the engine is left:
+    routing, frame decode and encode, batching, thread hand-offs, metrics)."""
+    from splitinfer.cloud.config import BatchingConfig, RuntimeConfig, ServiceConfig
+    from splitinfer.cloud.engine import Engine
+    from splitinfer.cloud.runtime import Runtime
+
+    class Stub:
+        def __init__(self, path: Path, config: RuntimeConfig) -> None:
+            real = Runtime(path, config)
+            self.inputs, self.outputs, self.providers = real.inputs, real.outputs, real.providers
+            probe = {n: np.zeros((1, *SAMPLE[0]), np.float32) for n in real.inputs}
+            self.rows = {k: v.shape[1:] for k, v in real.run(probe).items()}
+
+        def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+            n = len(next(iter(feeds.values())))
+            return {k: np.zeros((n, *shape), np.float32) for k, shape in self.rows.items()}
+
+    async def drive() -> float:
+        cfg = ServiceConfig(
+            repository=str(repo),
+            no_auth=True,
+            log_level="warning",
+            batching=BatchingConfig(max_batch_size=MAX_BATCH, max_queue_delay_ms=DELAY_MS),
+        )
+        done = 0
+        stop = False
+        async with Engine(cfg, runtime_factory=Stub) as engine:  # type: ignore[arg-type]
+
+            async def client(i: int) -> None:
+                nonlocal done
+                while not stop:
+                    await engine.infer(MODEL, frames[i % len(frames)])
+                    done += 1
+                    i += concurrency
+
+            tasks = [asyncio.create_task(client(i)) for i in range(concurrency)]
+            await asyncio.sleep(min(1.0, seconds / 2))
+            done, cpu0 = 0, time.process_time()
+            await asyncio.sleep(seconds)
+            cpu, count = time.process_time() - cpu0, done
+            stop = True
+            await asyncio.gather(*tasks)
+        return 1e6 * cpu / max(1, count)
+
+    return asyncio.run(drive())
+
+
+SAMPLE: list[tuple[int, ...]] = []  # the cut tensor's per-sample shape (set in main)
+
+
 def run_echo(frames: list[bytes], seconds: float, bare: Bare) -> list[Row]:
     """The HTTP round trip alone at concurrency 1: what no service on aiohttp can beat."""
     port = free_port()
@@ -753,6 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     segment, manifest = build_repo(work, args.size, (32, 64, 128))
     (spec,) = manifest.cut.tensors
     sample = tuple(int(d) for d in spec.shape[1:])
+    SAMPLE[:] = [sample]
     print(
         f"cloud segment: {manifest.cut.id} input {spec.name} {list(sample)} float32, "
         f"{manifest.cut.cloud_flops / 1e6:.0f} MFLOP/sample; cpus: {os.cpu_count()}; "
@@ -783,6 +836,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_service("batching", work / "repo", frames, levels, seconds, bare)
     rows += run_service("no-batch", work / "repo", frames, levels, seconds, bare)
     rows += run_echo(frames, seconds, bare)
+    engine_us = {c: engine_cpu(work / "repo", frames, c, seconds) for c in (1, 32)}
     peer_note = ""
     if not args.no_peer:
         if _ls is not None:
@@ -793,6 +847,13 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     results = verdicts(rows)
+    results.append(
+        (
+            "the engine alone (in-process, no sockets, segments stubbed to answer at once): "
+            + ", ".join(f"{us:.0f} µs of CPU per request at c={c}" for c, us in engine_us.items()),
+            None,
+        )
+    )
     for text, ok in results:
         print(f"{'INFO' if ok is None else 'PASS' if ok else 'FAIL'}  {text}")
     if args.json:

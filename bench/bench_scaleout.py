@@ -25,9 +25,9 @@ replica): two replicas >= 1.5x the single process at the highest level.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -71,19 +71,19 @@ def measure(
     rows = []
     url = f"{base}/v1/models/{bc.MODEL}/infer"
     for c in levels:
-        rps, lat, errors = asyncio.run(bc.closed_loop(url, frames, bc.FRAME_TYPE, c, seconds))
+        load = bc.closed_loop(url, frames, bc.FRAME_TYPE, c, seconds)
         row = {
             "system": system,
             "concurrency": c,
-            "rps": rps,
-            "p50_ms": bc.pct(lat, 50),
-            "p99_ms": bc.pct(lat, 99),
-            "errors": errors,
+            "rps": load.rps,
+            "p50_ms": load.p50_ms,
+            "p99_ms": load.p99_ms,
+            "errors": load.errors,
             "load": os.getloadavg()[0],
         }
         print(
-            f"{system:<8} {c:>5} {rps:>9.1f} {row['p50_ms']:>9.2f} {row['p99_ms']:>9.2f} "
-            f"{errors:>6} {row['load']:>5.1f}",
+            f"{system:<8} {c:>5} {load.rps:>9.1f} {load.p50_ms:>9.2f} {load.p99_ms:>9.2f} "
+            f"{load.errors:>6} {row['load']:>5.1f}",
             flush=True,
         )
         rows.append(row)
@@ -132,9 +132,7 @@ def run_ray(
             started = time.perf_counter()
             base = deploy(scale, port=port, timeout_s=180)
             # the first request of a version loads it on the replica it reaches
-            asyncio.run(
-                bc.closed_loop(f"{base}/v1/models/{bc.MODEL}/infer", frames, bc.FRAME_TYPE, 4, 1.0)
-            )
+            bc.closed_loop(f"{base}/v1/models/{bc.MODEL}/infer", frames, bc.FRAME_TYPE, 4, 1.0)
             print(
                 f"(ray-{n}: deployed and warm in {time.perf_counter() - started:.1f} s)", flush=True
             )
@@ -161,13 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     levels = [16] if args.quick else [int(v) for v in args.levels.split(",")]
     seconds = 2.0 if args.quick else args.seconds
     counts = [2] if args.quick else [1, 2]
+    bc.CLIENT[0] = "wrk" if shutil.which("wrk") else "aiohttp"  # as bench_cloud's auto
 
     work = Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
     _, manifest = bc.build_repo(work, args.size, (32, 64, 128))
     frames = frames_for(manifest)
     print(
         f"cloud segment: {manifest.cut.id}, {manifest.cut.cloud_flops / 1e6:.0f} MFLOP/sample; "
-        f"cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}\n"
+        f"cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}; "
+        f"load generator: {bc.CLIENT[0]}\n"
     )
     head = ("system", "conc", "req/s", "p50 ms", "p99 ms", "errors", "load")
     print("{:<8} {:>5} {:>9} {:>9} {:>9} {:>6} {:>5}".format(*head))

@@ -92,6 +92,7 @@ def run(name: str, quick: bool) -> dict[str, object]:
         "command": f"python bench/{script} {' '.join(short if quick else full)}".strip(),
         "exit": proc.returncode,
         "seconds": round(took, 1),
+        "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "verdicts": verdicts,
         "output": out.strip(),
     }
@@ -107,7 +108,9 @@ def write(results: list[dict[str, object]], info: dict[str, str], quick: bool, o
     lines = [
         "# Benchmarks",
         "",
-        f"Written by `python bench/run_all.py{' --quick' if quick else ''}` on {stamp}. "
+        f"Written by `python bench/run_all.py{' --quick' if quick else ''}` on {stamp} "
+        "(a run with `--only` keeps the other benchmarks' earlier results: the `run` "
+        "column says when each ran). "
         "Every figure below is printed by a script in `bench/` and compares against a "
         "baseline measured in the same run. This machine is shared and noisy: ratios "
         "are more trustworthy than absolute times.",
@@ -118,15 +121,16 @@ def write(results: list[dict[str, object]], info: dict[str, str], quick: bool, o
         "",
         "## Verdicts",
         "",
-        "| benchmark | what | exit | seconds | PASS | FAIL |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| benchmark | what | run | exit | seconds | PASS | FAIL |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         v = [str(x) for x in r["verdicts"]]  # type: ignore[attr-defined]
         passes = sum("PASS" in x for x in v)
         fails = sum("FAIL" in x for x in v)
         lines.append(
-            f"| {r['name']} | {r['what']} | {r['exit']} | {r['seconds']} | {passes} | {fails} |"
+            f"| {r['name']} | {r['what']} | {r.get('when', '')} | {r['exit']} | {r['seconds']} "
+            f"| {passes} | {fails} |"
         )
     for r in results:
         lines += [
@@ -162,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:  # keep the other benchmarks' latest results
         old = args.out / "benchmarks.json"
         if old.is_file():
-            kept = [r for r in json.loads(old.read_text())["results"] if r["name"] not in names]
+            earlier = json.loads(old.read_text())
+            kept = [r for r in earlier["results"] if r["name"] not in names]
+            for r in kept:  # results from before runs were dated ran with the whole page
+                r.setdefault("when", earlier.get("when", ""))
             results = sorted(
                 kept + results,
                 key=lambda r: list(BENCHES).index(r["name"]) if r["name"] in BENCHES else 99,
