@@ -9,8 +9,9 @@ submit, a finished batch, a timer at ``wake_at``), so nothing polls.
 
 Hand-offs cost the model time, so the loop keeps them short: a finished batch's
 successor is launched before its callers are answered, and the loop lets go of
-the GIL when it launches a batch until the worker is inside the runtime (at most
-``HANDOFF_S``; the worker would otherwise wait for the busy loop's next pause).
+the GIL when it launches a batch of more than 5 ms of compute until the
+worker is inside the runtime (at most ``HANDOFF_S``; the worker would otherwise
+wait for the busy loop's next pause).
 
 The same engine runs under the HTTP server, in ``sim/`` and in tests.
 """
@@ -58,6 +59,12 @@ log = logging.getLogger("splitinfer.cloud")
 DEFAULT_PRIORITY = 5
 #: The most the loop waits for a free worker to enter the runtime with a new batch.
 HANDOFF_S = 0.002
+#: ... and does so only for batches expected to compute at least this long (CPython's
+#: default switch interval, the longest a worker waits for the GIL otherwise). A short
+#: batch does not repay it: the loop stalls for the worker's wake-up, and the worker,
+#: done quickly, then waits for the busy loop's GIL again to hand its result back (on
+#: a tiny segment under load the hand-off cost throughput here instead of adding it).
+HANDOFF_MIN_COMPUTE_S = 0.005
 
 
 class BatchFailed(RuntimeError):
@@ -377,10 +384,7 @@ class Engine:
             entered,
         )
         self._executing += 1
-        if self._executing <= self._workers:
-            # A worker is free: let go of the GIL until it is inside the runtime. Left
-            # to the busy loop, the GIL reaches the worker only at the loop's next wait
-            # or after the interpreter's switch interval (5 ms), the model idle meanwhile.
+        if self._hands_off(runner, batch.rows):
             entered.wait(HANDOFF_S)
         loop = asyncio.get_running_loop()
 
@@ -389,6 +393,18 @@ class Engine:
                 loop.call_soon_threadsafe(self._finish, model, batcher, batch, f)
 
         work.add_done_callback(done)
+
+    def _hands_off(self, runner: CutRunner, rows: int) -> bool:
+        """Whether the loop waits for a just-launched batch's worker to enter the runtime.
+
+        Only with a worker free (it would otherwise wait for a batch to end) and a batch
+        expected to compute long enough to repay the wait. Left to the busy loop, the
+        GIL reaches the worker only at the loop's next pause or after the interpreter's
+        switch interval (5 ms), the model idle meanwhile.
+        """
+        if self._executing > self._workers:
+            return False
+        return runner.latency.estimate(rows) >= HANDOFF_MIN_COMPUTE_S
 
     def _finish(
         self,

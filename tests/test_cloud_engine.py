@@ -369,6 +369,7 @@ async def test_a_launched_batch_is_inside_the_runtime_before_the_loop_goes_on(
     from splitinfer.cloud import engine as engine_module
 
     monkeypatch.setattr(engine_module, "HANDOFF_S", 30.0)  # no timing in the assertion
+    monkeypatch.setattr(engine_module, "HANDOFF_MIN_COMPUTE_S", 0.0)  # the chain is quick
     armed, inside, release = threading.Event(), threading.Event(), threading.Event()
 
     class Entered(Runtime):
@@ -398,3 +399,16 @@ async def test_a_launched_batch_is_inside_the_runtime_before_the_loop_goes_on(
             release.set()
         want = run(repo / "chain" / "2" / "cloud.onnx", {"x": x(0)})["y"]
         np.testing.assert_allclose(answer(m, (await task).body), want, rtol=1e-6, atol=1e-6)
+
+
+async def test_the_loop_hands_off_only_batches_long_enough_to_repay_it(repo: Path) -> None:
+    async with Engine(config(repo)) as engine:
+        runner = engine.registry.model("chain").serving["2"].runner("c0")
+        assert runner.latency.known  # the warm-up timed it: well under 5 ms
+        assert not engine._hands_off(runner, 1)
+        for rows in (1, 8):
+            runner.latency.observe(rows, 0.020 * rows)  # now a batch takes 20 ms a sample
+        assert engine._hands_off(runner, 1)
+        engine._executing = engine._workers + 1  # every worker busy: nobody to hand to
+        assert not engine._hands_off(runner, 1)
+        engine._executing = 0
