@@ -20,6 +20,9 @@ same ONNX segment with ONNX Runtime on the CPU and the same session options
 - ``batching``: ``cloud-service`` (a subprocess, --no-auth) with dynamic
   batching (max_batch_size 32, max_queue_delay 2 ms, one batch at a time).
 - ``no-batch``: the same service with ``--no-batching``.
+- ``overhead`` (c=32 only): the batching service on a near-zero segment (the same
+  CNN with 2 channels on 8x8): what the service itself costs per request through
+  HTTP, the figure to watch when working on its overhead.
 - ``http-echo`` (c=1 only): an aiohttp server that reads the frame and answers
   a canned one: the transport's own share of the c=1 latency.
 - ``litserve``: LitServe (``LitAPI(max_batch_size=32, batch_timeout=0.002)``,
@@ -519,7 +522,8 @@ def run_service(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     rows = []
-    with process(service_cmd(repo, port, system == "batching"), f"{base}/readyz") as proc:
+    batching = system != "no-batch"
+    with process(service_cmd(repo, port, batching), f"{base}/readyz") as proc:
         for c in levels:
             probe = bare.now()
             before, cpu0 = scrape(base), group_cpu(proc.pid)
@@ -527,6 +531,8 @@ def run_service(
             after, cpu = scrape(base), group_cpu(proc.pid) - cpu0
             ceiling, floor = bare.around(probe)
             CEILING_CPU_MS[0] = bare.ceiling_cpu_ms
+            if system == "overhead":  # another segment: the CNN's ceiling does not apply
+                ceiling = float("nan")
             d = {k: after[k] - before[k] for k in after}
             batch = d["inferences"] / d["executions"] if d["executions"] else float("nan")
             compute = 1000 * d["compute_sum"] / d["compute_count"] if d["compute_count"] else 0.0
@@ -617,6 +623,27 @@ def engine_cpu(repo: Path, frames: list[bytes], concurrency: int, seconds: float
 
 
 SAMPLE: list[tuple[int, ...]] = []  # the cut tensor's per-sample shape (set in main)
+
+
+def run_overhead(root: Path, seconds: float, bare: Bare) -> list[Row]:
+    """The batching service at c=32 on a near-zero segment (2 channels, 8x8): what the
+    service costs per request through HTTP when the model costs almost nothing.
+    Its ceiling columns are the CNN's (they do not apply to this row)."""
+    from splitinfer.shared.codecs import RAW
+    from splitinfer.shared.frame import Request, WireTensor, encode_request
+
+    root.mkdir(parents=True, exist_ok=True)
+    _, manifest = build_repo(root, 8, (2, 2))
+    (spec,) = manifest.cut.tensors
+    rng = np.random.default_rng(1)
+    shape = (1, *(int(d) for d in spec.shape[1:]))
+    frames = [
+        encode_request(
+            Request(f"t{i}", MODEL, "", manifest.cut.id, (WireTensor(spec.name, a, RAW),))
+        )
+        for i, a in enumerate(rng.standard_normal((16, *shape)).astype(np.float32))
+    ]
+    return run_service("overhead", root / "repo", frames, [32], seconds, bare)
 
 
 def run_echo(frames: list[bytes], seconds: float, bare: Bare) -> list[Row]:
@@ -731,7 +758,15 @@ def verdicts(rows: list[Row]) -> list[tuple[str, bool | None]]:
                     b32.rps >= peer.rps and b32.p99_ms <= peer.p99_ms,
                 )
             )
-    echo = at("http-echo", 1)
+    echo, tiny = at("http-echo", 1), at("overhead", 32)
+    if tiny is not None:
+        line = (
+            f"c=32 on a near-zero segment (2 channels, 8x8): {tiny.rps:.0f} req/s, the "
+            f"service's CPU {tiny.server_cpu_ms:.3f} ms per request"
+        )
+        if echo is not None:
+            line += f" (an aiohttp server answering a canned frame: {echo.server_cpu_ms:.3f})"
+        out.append((line, None))
     if b1 is not None:
         added = b1.p50_ms - b1.bare_p50_ms
         if echo is not None:
@@ -836,6 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_service("batching", work / "repo", frames, levels, seconds, bare)
     rows += run_service("no-batch", work / "repo", frames, levels, seconds, bare)
     rows += run_echo(frames, seconds, bare)
+    rows += run_overhead(work / "tiny", seconds, bare)
     engine_us = {c: engine_cpu(work / "repo", frames, c, seconds) for c in (1, 32)}
     peer_note = ""
     if not args.no_peer:
