@@ -625,24 +625,35 @@ def engine_cpu(repo: Path, frames: list[bytes], concurrency: int, seconds: float
 SAMPLE: list[tuple[int, ...]] = []  # the cut tensor's per-sample shape (set in main)
 
 
+def frames_for(manifest: Any, arrays: Any) -> list[bytes]:
+    """One raw request frame per array (each a batch of 1 of the cut tensor)."""
+    from splitinfer.shared.codecs import RAW
+    from splitinfer.shared.frame import Request, WireTensor, encode_request
+
+    (spec,) = manifest.cut.tensors
+    return [
+        encode_request(
+            Request(f"r{i}", MODEL, "", manifest.cut.id, (WireTensor(spec.name, a, RAW),))
+        )
+        for i, a in enumerate(arrays)
+    ]
+
+
+def sample_arrays(manifest: Any, n: int, seed: int = 0) -> list[Any]:
+    """``n`` random float32 cut tensors of batch 1."""
+    (spec,) = manifest.cut.tensors
+    shape = (1, *(int(d) for d in spec.shape[1:]))
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) for _ in range(n)]
+
+
 def run_overhead(root: Path, seconds: float, bare: Bare) -> list[Row]:
     """The batching service at c=32 on a near-zero segment (2 channels, 8x8): what the
     service costs per request through HTTP when the model costs almost nothing.
     Its ceiling columns are the CNN's (they do not apply to this row)."""
-    from splitinfer.shared.codecs import RAW
-    from splitinfer.shared.frame import Request, WireTensor, encode_request
-
     root.mkdir(parents=True, exist_ok=True)
     _, manifest = build_repo(root, 8, (2, 2))
-    (spec,) = manifest.cut.tensors
-    rng = np.random.default_rng(1)
-    shape = (1, *(int(d) for d in spec.shape[1:]))
-    frames = [
-        encode_request(
-            Request(f"t{i}", MODEL, "", manifest.cut.id, (WireTensor(spec.name, a, RAW),))
-        )
-        for i, a in enumerate(rng.standard_normal((16, *shape)).astype(np.float32))
-    ]
+    frames = frames_for(manifest, sample_arrays(manifest, 16, seed=1))
     return run_service("overhead", root / "repo", frames, [32], seconds, bare)
 
 
@@ -833,9 +844,6 @@ def main(argv: list[str] | None = None) -> int:
     levels = [1, 8, 32] if args.quick else [int(v) for v in args.levels.split(",")]
     seconds = 1.5 if args.quick else args.seconds
 
-    from splitinfer.shared.codecs import RAW
-    from splitinfer.shared.frame import Request, WireTensor, encode_request
-
     work = Path(tempfile.mkdtemp(prefix="bench-cloud-"))
     segment, manifest = build_repo(work, args.size, (32, 64, 128))
     (spec,) = manifest.cut.tensors
@@ -857,14 +865,8 @@ def main(argv: list[str] | None = None) -> int:
     for b, (rate, p50) in table.items():
         print(f"{b:>6} {rate:>10.1f} {1000 * p50:>9.2f}{'  <- best' if b == best else ''}")
 
-    rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal((1, *sample)).astype(np.float32) for _ in range(64)]
-    frames = [
-        encode_request(
-            Request(f"r{i}", MODEL, "", manifest.cut.id, (WireTensor(spec.name, a, RAW),))
-        )
-        for i, a in enumerate(arrays)
-    ]
+    arrays = sample_arrays(manifest, 64)
+    frames = frames_for(manifest, arrays)
     bodies = [json.dumps({"x": base64.b64encode(a.tobytes()).decode()}).encode() for a in arrays]
 
     print("\n" + HEADER)

@@ -34,35 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_cloud as bc  # noqa: E402
 
 TARGET = 1.5
-
-
-def frames_for(manifest: Any, n: int = 64) -> list[bytes]:
-    from splitinfer.shared.codecs import RAW
-    from splitinfer.shared.frame import Request, WireTensor, encode_request
-
-    (spec,) = manifest.cut.tensors
-    sample = tuple(int(d) for d in spec.shape[1:])
-    rng = np.random.default_rng(0)
-    return [
-        encode_request(
-            Request(
-                f"r{i}",
-                bc.MODEL,
-                "",
-                manifest.cut.id,
-                (WireTensor(spec.name, rng.standard_normal((1, *sample)).astype(np.float32), RAW),),
-            )
-        )
-        for i in range(n)
-    ]
 
 
 def measure(
@@ -163,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
     _, manifest = bc.build_repo(work, args.size, (32, 64, 128))
-    frames = frames_for(manifest)
+    frames = bc.frames_for(manifest, bc.sample_arrays(manifest, 64))
     print(
         f"cloud segment: {manifest.cut.id}, {manifest.cut.cloud_flops / 1e6:.0f} MFLOP/sample; "
         f"cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}; "

@@ -171,7 +171,7 @@ class RawCodec:
         if not array.flags.aligned:  # numpy's unaligned paths are ~10x slower than a memcpy
             array = np.frombuffer(bytes(data), dtype=wire).reshape(shape)
         # a read-only view of the frame where the wire layout is the native one
-        return array if wire == _native(dtype) else array.astype(dtype)
+        return array if wire.isnative else array.astype(dtype)
 
 
 class Fp16Codec:
@@ -529,11 +529,6 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
 @functools.cache
 def _little(dtype: str) -> np.dtype[Any]:
     return np.dtype(dtype).newbyteorder("<")
-
-
-@functools.cache
-def _native(dtype: str) -> np.dtype[Any]:
-    return np.dtype(dtype)
 
 
 def _expect(data: Buffer, nbytes: int, max_bytes: int, codec: Codec) -> None:
