@@ -44,7 +44,9 @@ and every figure of that row is suspect); ``srv cpu`` and ``gen cpu``: CPU ms
 per request of the server's processes (all threads, ONNX Runtime's included)
 and of the load generator. The verdicts add a CPU budget line: at 80% of the
 ceiling, what the CPUs leave per request beside ONNX Runtime's own share, and
-what the service and the load generator took.
+what the service and the load generator took; and under the p99 verdict, the
+mean latency Little's law gives 32 closed-loop clients (32 / req/s) at the
+measured rate, at 80% of the ceiling and at the ceiling: no p99 is below it.
 
 Targets (issue 5): at concurrency 32 the batching service reaches >= 80% of the
 ceiling, with p99 <= max_queue_delay + 2 x its mean batch compute time; it is at
@@ -733,6 +735,22 @@ def budget(r: Row) -> str:
     )
 
 
+def little(r: Row, bound: float) -> str:
+    """The p99 bound against Little's law: a closed loop of N clients with no think time
+    has a mean latency of exactly N / throughput, so no p99 is below that."""
+    n = r.concurrency
+    floor = {
+        "at the measured rate": 1000 * n / r.rps,
+        f"at {100 * TARGET_CEILING:.0f}% of the ceiling": 1000 * n / (TARGET_CEILING * r.ceiling),
+        "at the ceiling": 1000 * n / r.ceiling,
+    }
+    return (
+        f"c={n}: by Little's law the mean latency of {n} closed-loop clients is {n} / req/s: "
+        + ", ".join(f"{v:.1f} ms {k}" for k, v in floor.items())
+        + f" (the p99 bound above: {bound:.1f} ms)"
+    )
+
+
 def verdicts(rows: list[Row]) -> list[tuple[str, bool | None]]:
     """PASS/FAIL lines; each compares against the bare session measured just before."""
 
@@ -760,6 +778,7 @@ def verdicts(rows: list[Row]) -> list[tuple[str, bool | None]]:
                 b32.p99_ms <= bound,
             )
         )
+        out.append((little(b32, bound), None))
         if peer is not None:
             out.append(
                 (
