@@ -375,7 +375,11 @@ class Pipeline:
         self.last_load = response.load
         timings["total"] = now - t0
         return Result(
-            outputs={t.name: t.array for t in response.tensors},
+            # raw payloads decode to read-only views of the answer; the caller owns these
+            outputs={
+                t.name: t.array if t.array.flags.writeable else t.array.copy()
+                for t in response.tensors
+            },
             cut_id=rt.id,
             local=False,
             timings=timings,

@@ -110,6 +110,9 @@ async def test_every_cut_equals_the_unsplit_model(
     x = feeds(batch, seed=batch)
     result = await pipe.infer(x, cut=cut)
     assert_close(result.outputs, run(src, x))
+    # the application owns its outputs, whichever side computed them (raw payloads
+    # decode to read-only views of the answer's bytes)
+    assert all(a.flags.writeable for a in result.outputs.values())
     assert result.cut_id == cut
     if cut == "c3":  # all on the device: nothing is sent
         assert result.local
