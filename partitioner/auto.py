@@ -387,13 +387,9 @@ def _precision_factor(prepared: Prepared, opts: AutoOptions, calib: list[Feed]) 
 
 
 def _runtime(opts: AutoOptions) -> str:
-    if opts.edge_profile:
-        from splitinfer.partitioner.profiles import BUILTIN
+    from splitinfer.partitioner.quantize import runtime_for_profile
 
-        prof = BUILTIN.get(opts.edge_profile)
-        if prof is not None and prof.runtime == "tensorrt":
-            return "tensorrt"
-    return "cpu"
+    return runtime_for_profile(opts.edge_profile)
 
 
 def _convert(model: onnx.ModelProto, opts: AutoOptions, calib: Sequence[Feed]) -> onnx.ModelProto:

@@ -1,4 +1,4 @@
-"""The INT8 recipe for CPU edges: which nodes stay fp32, and one rewrite.
+"""The INT8 recipes: which nodes a CPU edge keeps fp32, where TensorRT wants Q/DQ, two rewrites.
 
 ONNX Runtime's CPU provider runs only some ops as integer kernels; around the
 others the quantizer inserts a DequantizeLinear → fp32 op → QuantizeLinear round
@@ -8,7 +8,9 @@ convolutions fp32 (where ORT's fp32 kernels beat its int8 ones here);
 :func:`global_pool` turns a spatial ReduceMean into GlobalAveragePool (a uint8
 kernel); :func:`output_guards` protects graph outputs from a quantizer quirk.
 The measurements behind each rule are in docs/profiles.md and
-``bench/bench_int8.py``.
+``bench/bench_int8.py``. :func:`tensorrt_nodes` is TensorRT's Q/DQ placement
+(the inputs of weighted operations and both inputs of residual adds; see
+:mod:`.trt_rules` and docs/profiles.md "INT8 for TensorRT").
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ CPU_INT8_OPS = (
     "Gather",
     "Pad",
 )
+#: The weighted operations: TensorRT runs them in INT8 when their inputs come through Q/DQ.
+TENSORRT_WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+#: Op types the TensorRT recipe quantizes: the weighted operations and residual Adds.
+TENSORRT_INT8_OPS = (*TENSORRT_WEIGHTED_OPS, "Add")
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
 #: A Conv reading a graph input with at most this many channels (an RGB stem) stays
 #: fp32: ORT's int8 convolution is im2col + GEMM with K = C*kh*kw = 27, where its fp32
 #: NCHWc direct convolution wins (3.5 ms vs 1.6 ms for 3→16 channels at 224x224).
@@ -176,3 +183,111 @@ def global_pool(model: onnx.ModelProto) -> int:
 def _graph_input_names(model: onnx.ModelProto) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
     return [vi.name for vi in model.graph.input if vi.name not in inits]
+
+
+def without_pass_through(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without the graph outputs that are graph inputs too (a copy, nodes named).
+
+    An edge segment forwards a model input unchanged when the cloud needs it (the
+    residual stream of a transformer cut inside a block). ONNX Runtime's quantizer
+    puts a Q/DQ pair on every graph output it quantizes by renaming the tensor's
+    producer output; a graph input has no producer, and the pair it inserts reads
+    its own output ("Graph is not a DAG"). The quantizer gets the graph without
+    those outputs; the caller adds them back, still the untouched input.
+    """
+    inputs = {vi.name for vi in model.graph.input}
+    passed = [vi for vi in model.graph.output if vi.name in inputs]
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    name_nodes(copy)
+    if passed and len(passed) < len(model.graph.output):
+        keep = [vi for vi in copy.graph.output if vi.name not in inputs]
+        del copy.graph.output[:]
+        copy.graph.output.extend(keep)
+    return copy
+
+
+def _constants(model: onnx.ModelProto) -> set[str]:
+    names = {t.name for t in model.graph.initializer}
+    names.update(n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output)
+    return names
+
+
+def tensorrt_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the nodes the TensorRT recipe quantizes (shape inference done, nodes named).
+
+    Every Conv / ConvTranspose / MatMul / Gemm whose inputs are float, and every Add
+    of two float activations of one shape (a residual or skip connection: both
+    branches get Q/DQ). Bias Adds (one constant input), broadcast Adds (an attention
+    mask, whose -1e4 would take all of a per-tensor scale) and every other op stay:
+    TensorRT moves Q/DQ across data movement and pooling itself, and a Q/DQ in
+    front of Softmax, LayerNormalization or a bias Add is a conversion it cannot
+    fuse (TensorRT developer guide, "Q/DQ Layer-Placement Recommendations").
+    """
+    consts = _constants(model)
+    infos = tensor_infos(model)
+
+    def is_float(name: str) -> bool:
+        return infos.get(name, (onnx.TensorProto.FLOAT, None))[0] in _FLOAT_TYPES
+
+    keep: list[str] = []
+    for node in model.graph.node:
+        data = [t for t in node.input[:2] if t]
+        if not node.name or not data or not all(is_float(t) for t in data):
+            continue
+        if node.op_type in TENSORRT_WEIGHTED_OPS or (
+            node.op_type == "Add"
+            and len(data) == 2
+            and not any(t in consts for t in data)
+            and same_shape(infos, *data)
+        ):
+            keep.append(node.name)
+    return keep
+
+
+Dims = tuple[int | str | None, ...]
+
+
+def tensor_infos(model: onnx.ModelProto) -> dict[str, tuple[int, Dims | None]]:
+    """Element type and dims (``int``, a symbolic name or ``None``) of every typed tensor."""
+    out: dict[str, tuple[int, Dims | None]] = {}
+    for vi in (*model.graph.value_info, *model.graph.input, *model.graph.output):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        t = vi.type.tensor_type
+        dims: Dims | None = None
+        if t.HasField("shape"):
+            dims = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in t.shape.dim
+            )
+        out[vi.name] = (t.elem_type, dims)
+    for init in model.graph.initializer:
+        out[init.name] = (init.data_type, tuple(init.dims))
+    return out
+
+
+def same_shape(infos: dict[str, tuple[int, Dims | None]], a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` have the same shape, as far as shape inference knows.
+
+    A skip connection adds two tensors of one shape; an attention mask or a bias is
+    broadcast. Unknown shapes count as the same (a skip connection is the safe guess).
+    """
+    da, db = infos.get(a, (0, None))[1], infos.get(b, (0, None))[1]
+    if da is None or db is None:
+        return True
+    if len(da) != len(db):
+        return False
+    return all(x is None or y is None or x == y for x, y in zip(da, db, strict=True))
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give every unnamed node a unique name (in place): the quantizer selects nodes by name."""
+    taken = {n.name for n in model.graph.node if n.name}
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_q{i}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)

@@ -37,11 +37,15 @@ from splitinfer.partitioner.agreement import (
     pick_metric,
     worst_layers,
 )
+from splitinfer.partitioner.quant_ranges import calibrate, entropy_threshold
 from splitinfer.partitioner.quant_recipe import (
     CPU_INT8_OPS,
+    TENSORRT_WEIGHTED_OPS,
     fp32_nodes,
     global_pool,
     output_guards,
+    tensorrt_nodes,
+    without_pass_through,
 )
 from splitinfer.shared.errors import ConfigError, ModelError
 
@@ -54,6 +58,7 @@ __all__ = [
     "check_agreement",
     "config_for",
     "count_qdq",
+    "entropy_threshold",
     "fp32_nodes",
     "global_pool",
     "output_guards",
@@ -68,14 +73,7 @@ Feed = dict[str, Array]
 
 ACTIVATIONS = ("u8s8", "s8s8")
 METHODS = ("minmax", "entropy", "percentile")
-#: Histogram bins of the Entropy calibrator and the quantized bins its KL-divergence
-#: search compares against (TensorRT's classic 2048 / 128): thresholds from 1/16 of
-#: the largest |value| up to all of it are tried.
-ENTROPY_BINS = 2048
-ENTROPY_QUANTIZED_BINS = 128
-#: Percentile the Percentile calibrator keeps: of |activation| for s8s8; for u8s8 each
-#: tail loses half of the rest (0.0005%).
-PERCENTILE = 99.999
+PLACEMENTS = ("ops", "tensorrt")
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
@@ -98,6 +96,11 @@ class QuantConfig:
     ``global_pool``: ``ReduceMean`` over H and W with ``keepdims`` becomes
     ``GlobalAveragePool`` (same values) before quantization, which ORT keeps in
     NHWC next to its int8 convolutions instead of reducing a transposed tensor.
+    ``placement``: ``ops`` quantizes every node of ``op_types``; ``tensorrt`` follows
+    TensorRT's placement (:func:`~splitinfer.partitioner.quant_recipe.tensorrt_nodes`:
+    the inputs of Conv/ConvTranspose/MatMul/Gemm, whose outputs stay float, and both
+    inputs of residual Adds), and the result must pass
+    :func:`~splitinfer.partitioner.trt_rules.check_tensorrt_qdq`.
     ``reduce_range``: 7-bit weights. x86 CPUs without VNNI multiply u8×s8 pairs
     with a saturating 16-bit add (``vpmaddubsw``); 7-bit weights cannot
     saturate. Measured on the digits classifier on an AVX2 CPU: top-1 agreement
@@ -112,6 +115,7 @@ class QuantConfig:
     fp32_stem: bool = False
     fp32_depthwise: bool = False
     global_pool: bool = False
+    placement: Literal["ops", "tensorrt"] = "ops"
 
     def __post_init__(self) -> None:
         if self.activations not in ACTIVATIONS:
@@ -122,6 +126,10 @@ class QuantConfig:
             raise ConfigError(
                 f"calibration method {self.method!r} is not one of {', '.join(METHODS)}"
             )
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
+        if self.placement == "tensorrt" and self.activations != "s8s8":
+            raise ConfigError("placement 'tensorrt' needs activations 's8s8' (TensorRT is int8)")
         if self.op_types is not None and (
             not isinstance(self.op_types, tuple)
             or not self.op_types
@@ -136,7 +144,8 @@ class QuantConfig:
 
 
 CPU_RUNTIMES = ("onnxruntime-cpu", "cpu")
-TENSORRT_RUNTIMES = ("tensorrt",)
+#: ``onnxruntime-tensorrt``: a profile measured through ONNX Runtime's TensorRT provider.
+TENSORRT_RUNTIMES = ("tensorrt", "onnxruntime-tensorrt")
 
 
 def activations_for(runtime: str) -> str:
@@ -166,8 +175,8 @@ def config_for(runtime: str, method: str = "minmax", per_channel: bool = True) -
     They quantize only :data:`CPU_INT8_OPS` and keep the RGB stem and depthwise
     convolutions fp32, with ``ReduceMean`` pooling as ``GlobalAveragePool``:
     each measured faster on an AVX2 CPU (``bench/bench_int8.py``, docs/profiles.md).
-    TensorRT does exact int32 accumulation and keeps the full 8 bits; it has int8
-    kernels for every op, so everything is quantized.
+    TensorRT does exact int32 accumulation and keeps the full 8 bits; its Q/DQ go
+    where TensorRT fuses them (``placement="tensorrt"``), checked against its rules.
     """
     acts = activations_for(runtime)
     cpu = acts == "u8s8"
@@ -180,7 +189,23 @@ def config_for(runtime: str, method: str = "minmax", per_channel: bool = True) -
         fp32_stem=cpu,
         fp32_depthwise=cpu,
         global_pool=cpu,
+        placement="ops" if cpu else "tensorrt",
     )
+
+
+def runtime_for_profile(edge_profile: str | None) -> str:
+    """The INT8 recipe's runtime for an ``--edge-profile``: ``tensorrt`` or ``cpu``.
+
+    A built-in TensorRT device (``jetson-*``) or a profile measured through ONNX
+    Runtime's TensorRT provider (runtime ``onnxruntime-tensorrt``) gets the TensorRT
+    recipe; everything else, and no profile (this machine), the CPU one.
+    """
+    if not edge_profile:
+        return "cpu"
+    from splitinfer.partitioner.profiles import resolve_profile
+
+    runtime = str(getattr(resolve_profile(edge_profile, "edge"), "runtime", ""))
+    return "tensorrt" if runtime.strip().lower() in TENSORRT_RUNTIMES else "cpu"
 
 
 def _graph_input_names(model: onnx.ModelProto) -> list[str]:
@@ -207,140 +232,22 @@ def _quiet_quantizer() -> Iterator[None]:
         logging.disable(previous)
 
 
-def _calibrate(
-    model_path: Path, feeds: list[Feed], config: QuantConfig, tmp: Path
-) -> tuple[Any, Path]:
-    """Activation ranges for ``config.method``, saved as ORT's calibration cache.
-
-    Calibration runs here rather than inside ``quantize_static`` because that
-    function cannot pass histogram settings through: its Entropy calibrator
-    keeps 128 bins for 128 quantized bins, which leaves a single candidate
-    threshold (the min-max range), and its Percentile calibrator symmetrizes
-    ranges, which wastes half the codes of unsigned activations. The ranges go
-    to ``quantize_static`` through its calibration cache file.
-    """
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        create_calibrator,
-        save_tensors_data,
-    )
-
-    class Reader(CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self._it = iter(feeds)
-
-        def get_next(self) -> Feed | None:
-            return next(self._it, None)
-
-    symmetric = config.activations == "s8s8"
-    method, options = {
-        "minmax": (CalibrationMethod.MinMax, {"symmetric": symmetric}),
-        "entropy": (
-            CalibrationMethod.Entropy,
-            {
-                "symmetric": symmetric,
-                "num_bins": ENTROPY_BINS,
-                "num_quantized_bins": ENTROPY_QUANTIZED_BINS,
-            },
-        ),
-        "percentile": (
-            CalibrationMethod.Percentile,
-            {"symmetric": symmetric, "num_bins": 2048, "percentile": PERCENTILE},
-        ),
-    }[config.method]
-    calibrator = create_calibrator(
-        model_path,
-        augmented_model_path=str(tmp / "augmented.onnx"),
-        calibrate_method=method,
-        extra_options=options,
-    )
-    calibrator.collect_data(Reader())
-    if config.method == "entropy":
-        # same search, vectorized per candidate: ORT's loops over bins in Python
-        # (about 1.5 s per tensor at 2048 bins, against 50 ms here)
-        calibrator.collector.get_entropy_threshold = entropy_threshold
-    cache = tmp / "calibration.json"
-    save_tensors_data(calibrator.compute_data(), cache)
-    return method, cache
-
-
-def _smooth(p: Array, eps: float = 0.0001) -> Array | None:
-    """ORT's ``smooth_distribution``: zeros become ``eps``, taken off the non-zeros (float32)."""
-    zeros = p == 0
-    n_zeros = int(np.count_nonzero(zeros))
-    if n_zeros == p.size:
-        return None
-    eps1 = eps * float(n_zeros) / float(p.size - n_zeros)
-    out = p.astype(np.float32)
-    out += np.where(zeros, np.float32(eps), np.float32(-eps1)).astype(np.float32)
-    return out
-
-
-def _kl_smoothed(p: Array, q: Array) -> float:
-    """KL(p || q) of the smoothed, normalized histograms, in float32 as ORT computes it."""
-    ps, qs = _smooth(p), _smooth(q)
-    if ps is None or qs is None:
-        return float("inf")
-    ps = ps / np.sum(ps)
-    qs = qs / np.sum(qs)
-    return float(np.sum(ps * np.log(ps / qs)))
-
-
-def entropy_threshold(histogram: tuple[Any, ...], num_quantized_bins: int) -> tuple[Any, Any]:
-    """The KL-divergence threshold of ONNX Runtime's Entropy calibrator, without its loops.
-
-    ``histogram`` is ORT's ``(hist, edges, min, max, ...)`` over a range symmetric
-    about zero. For each candidate half-width ``i`` (in bins) the reference ``p``
-    is the central slice with the outliers folded into its end bins; ``q`` merges
-    the slice into ``num_quantized_bins`` and spreads each back evenly (integer
-    division, as ORT does). The ``(low, high)`` edges of the slice with the
-    smallest KL(p || q) win, clipped to the observed min and max. The result is
-    the same as ``HistogramCollector.get_entropy_threshold`` (tested).
-    """
-    hist = np.asarray(histogram[0])
-    edges = np.asarray(histogram[1])
-    num_bins = hist.size
-    zero = num_bins // 2
-    half = num_quantized_bins // 2
-    cumsum = np.concatenate(([0], np.cumsum(hist)))
-    best_div, best = np.inf, (edges[0], edges[-1])
-    for i in range(half, zero + 1):
-        start, end = zero - i, min(zero + i + 1, num_bins)
-        sliced = hist[start:end]
-        p = sliced.copy()
-        p[0] += cumsum[start]
-        p[-1] += cumsum[-1] - cumsum[end]
-        merged = sliced.size // num_quantized_bins
-        whole = num_quantized_bins * merged
-        quantized = sliced[:whole].reshape(num_quantized_bins, merged).sum(axis=1)
-        quantized[-1] += sliced[whole:].sum()
-        nonzero = (p[:whole] != 0).reshape(num_quantized_bins, merged).sum(axis=1)
-        spread = np.zeros(num_quantized_bins, dtype=np.int64)
-        np.floor_divide(quantized, nonzero, out=spread, where=nonzero != 0)
-        q = np.zeros(p.size, dtype=np.int64)
-        q[:whole] = np.repeat(spread, merged)
-        div = _kl_smoothed(p, q)
-        if div < best_div:
-            best_div, best = div, (edges[start], edges[end])
-    low = max(best[0], histogram[2])
-    high = min(best[1], histogram[3])
-    dtype = edges.dtype
-    return np.array(low, dtype=dtype), np.array(high, dtype=dtype)
-
-
 def _extra_options(config: QuantConfig) -> dict[str, Any]:
     if config.activations == "u8s8":
         return {}
     # TensorRT: zero points 0 everywhere; a float bias (TensorRT fuses it and has
     # no int32 DequantizeLinear) and Q→DQ on fp32 weights, the explicit-quantization
     # form every TensorRT version parses.
-    return {
+    options: dict[str, Any] = {
         "ActivationSymmetric": True,
         "WeightSymmetric": True,
         "QuantizeBias": False,
         "AddQDQPairToWeight": True,
     }
+    if config.placement == "tensorrt":
+        # "do not quantize the outputs of weighted operations" (TensorRT's placement)
+        options["OpTypesToExcludeOutputQuantization"] = list(TENSORRT_WEIGHTED_OPS)
+    return options
 
 
 def _strip_unused_opsets(model: onnx.ModelProto) -> None:
@@ -354,10 +261,15 @@ def _strip_unused_opsets(model: onnx.ModelProto) -> None:
 
 
 def _restore_io(result: onnx.ModelProto, source: onnx.ModelProto) -> None:
-    """Graph inputs and outputs exactly as the source declared them (names, types, shapes)."""
+    """Graph inputs and outputs exactly as the source declared them (names, types, shapes).
+
+    Outputs that are graph inputs too were left out of the quantized graph
+    (:func:`~splitinfer.partitioner.quant_recipe.without_pass_through`) and come back here.
+    """
     src_in = {vi.name: vi for vi in source.graph.input}
-    src_out = [vi.name for vi in source.graph.output]
+    inputs = {vi.name for vi in source.graph.input}
     got_out = [vi.name for vi in result.graph.output]
+    src_out = [vi.name for vi in source.graph.output if vi.name not in inputs or vi.name in got_out]
     if got_out != src_out:
         raise ModelError(f"quantization changed the graph outputs {src_out} into {got_out}")
     missing = [
@@ -391,7 +303,9 @@ def quantize_model(
     ran it and re-running would undo their HardSwish fusion), then
     ``quantize_static`` with per-channel int8 weights. Graph inputs and outputs
     keep their names, dtypes and shapes; outputs stay fp32 (dequantized). A
-    model with nothing to quantize comes back unchanged (a copy).
+    model with nothing to quantize comes back unchanged (a copy). A graph input
+    that is also a graph output (a cut tensor the edge forwards) is left out of
+    the quantizer's view, which would otherwise route it through Q/DQ in a cycle.
     """
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -408,7 +322,7 @@ def quantize_model(
 
     with tempfile.TemporaryDirectory(prefix="splitinfer-quant-") as tmp:
         src, pre, out = (Path(tmp) / f for f in ("in.onnx", "pre.onnx", "out.onnx"))
-        onnx.save(model, str(src))
+        onnx.save(without_pass_through(model), str(src))
         with _quiet_quantizer():
             try:
                 quant_pre_process(str(src), str(pre), skip_optimization=True)
@@ -421,8 +335,11 @@ def quantize_model(
                     pre_model = onnx.load(str(pre))
                     if global_pool(pre_model):
                         onnx.save(pre_model, str(pre))
-                method, cache = _calibrate(pre, feeds, config, Path(tmp))
                 prepared = onnx.load(str(pre))
+                chosen = tensorrt_nodes(prepared) if config.placement == "tensorrt" else None
+                if chosen == []:  # nothing TensorRT runs in int8 ([] would mean "all")
+                    return _copy(model)
+                method, cache = calibrate(pre, feeds, config, Path(tmp))
                 quantize_static(
                     str(pre),
                     str(out),
@@ -436,6 +353,7 @@ def quantize_model(
                     extra_options=_extra_options(config),
                     calibration_cache_path=cache,
                     op_types_to_quantize=list(config.op_types) if config.op_types else None,
+                    nodes_to_quantize=chosen,
                     nodes_to_exclude=fp32_nodes(prepared, config) + output_guards(prepared),
                 )
             except Exception as exc:  # the quantizer raises bare ValueError/RuntimeError...
@@ -445,14 +363,30 @@ def quantize_model(
         result = onnx.load(str(out))
 
     if not any(n.op_type == "QuantizeLinear" for n in result.graph.node):
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        return copy
+        return _copy(model)
     _strip_unused_opsets(result)
     _restore_io(result, model)
     _check_qdq(result)
     onnx.checker.check_model(result)
+    if config.placement == "tensorrt":
+        _check_tensorrt(result)
     return result
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _check_tensorrt(model: onnx.ModelProto) -> None:
+    """Refuse a TensorRT segment that breaks TensorRT's explicit-quantization rules."""
+    from splitinfer.partitioner.trt_rules import check_tensorrt_qdq
+
+    broken = check_tensorrt_qdq(model)
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise ModelError(f"the TensorRT INT8 segment breaks TensorRT's rules: {broken[0]}{more}")
 
 
 def output_quant_params(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:

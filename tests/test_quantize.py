@@ -11,6 +11,7 @@ from graphs import f32, make, rand
 from onnx import TensorProto, helper, numpy_helper
 from ortutil import run
 
+from splitinfer.partitioner.quant_recipe import tensorrt_nodes, without_pass_through
 from splitinfer.partitioner.quantize import (
     CPU_INT8_OPS,
     Agreement,
@@ -27,8 +28,10 @@ from splitinfer.partitioner.quantize import (
     output_quant_params,
     pick_metric,
     quantize_model,
+    runtime_for_profile,
     worst_layers,
 )
+from splitinfer.partitioner.trt_rules import check_tensorrt_qdq
 from splitinfer.shared.errors import ConfigError, ModelError
 
 pytestmark = pytest.mark.integration
@@ -115,7 +118,12 @@ def test_activation_type_follows_the_runtime() -> None:
         fp32_depthwise=True,
         global_pool=True,
     )
-    assert config_for("tensorrt", "entropy") == QuantConfig("s8s8", "entropy")
+    assert config_for("tensorrt", "entropy") == QuantConfig("s8s8", "entropy", placement="tensorrt")
+    assert activations_for("onnxruntime-tensorrt") == "s8s8"  # a profile measured via ORT's TRT EP
+    with pytest.raises(ConfigError, match=r"placement 'all' is not one of ops, tensorrt"):
+        QuantConfig("s8s8", placement="all")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"placement 'tensorrt' needs activations 's8s8'"):
+        QuantConfig("u8s8", placement="tensorrt")
     with pytest.raises(ConfigError, match=r"op_types must be a non-empty tuple"):
         QuantConfig("u8s8", op_types=())
     with pytest.raises(ConfigError, match=r"fp32_stem must be true or false"):
@@ -604,3 +612,121 @@ def test_a_graph_output_that_feeds_a_relu_keeps_its_negative_values(runtime: str
     got = run(q, {"x": x})["y"]
     assert (want < 0).mean() > 0.3
     assert np.abs(got - want).max() / np.abs(want).max() < 0.05
+
+
+# --- the TensorRT recipe -------------------------------------------------------------------
+
+
+def skip_and_mask_net() -> onnx.ModelProto:
+    """conv1 → Relu → conv2, a skip Add of conv2 and the Relu, an attention-style mask Add
+    (broadcast, -1e4 where masked) and a Softmax: the placement questions of a real block."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4, name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1] * 4, name="conv2"),
+        helper.make_node("Add", ["c2", "r1"], ["skip"], name="skip"),
+        helper.make_node("Add", ["skip", "mask"], ["scores"], name="masked"),
+        helper.make_node("Softmax", ["scores"], ["y"], axis=-1, name="softmax"),
+    ]
+    return make(
+        nodes,
+        [f32("x", ["N", 8, 8, 8]), f32("mask", ["N", 1, 1, 8])],
+        [f32("y", ["N", 8, 8, 8])],
+        {"w1": rand(8, 8, 3, 3, seed=1) * 0.3, "w2": rand(8, 8, 3, 3, seed=2) * 0.3},
+        opset=18,
+    )
+
+
+def mask_feeds(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    out = []
+    for i in range(n):
+        mask = np.zeros((1, 1, 1, 8), np.float32)
+        mask[..., 5:] = -1e4  # the last three positions are padding
+        out.append({"x": rand(1, 8, 8, 8, seed=seed + i), "mask": mask})
+    return out
+
+
+def test_tensorrt_places_qdq_where_tensorrt_fuses_them() -> None:
+    net = skip_and_mask_net()
+    assert tensorrt_nodes(onnx.shape_inference.infer_shapes(net)) == ["conv1", "conv2", "skip"]
+    q = quantize_model(net, mask_feeds(8), config_for("tensorrt"))
+    assert check_tensorrt_qdq(q) == []
+    producer = {o: n for n in q.graph.node for o in n.output}
+    # weighted ops: both inputs through DequantizeLinear, their outputs left float
+    for conv in ("conv1", "conv2"):
+        node = next(n for n in q.graph.node if n.name == conv)
+        assert [producer[t].op_type for t in node.input[:2]] == ["DequantizeLinear"] * 2
+    relu = next(n for n in q.graph.node if n.name == "relu1")
+    assert producer[relu.input[0]].op_type == "Conv"
+    # the skip connection: both branches quantized
+    skip = next(n for n in q.graph.node if n.name == "skip")
+    assert [producer[t].op_type for t in skip.input] == ["DequantizeLinear"] * 2
+    # the broadcast mask Add and the Softmax stay float: a per-tensor scale over the
+    # -1e4 of the mask would round every attention score to 0
+    masked = next(n for n in q.graph.node if n.name == "masked")
+    assert "mask" in masked.input  # read as it is: no Q/DQ on the mask
+    softmax = next(n for n in q.graph.node if n.name == "softmax")
+    assert producer[softmax.input[0]].op_type == "Add"
+    held = mask_feeds(4, seed=50)
+    batch = {k: np.concatenate([f[k] for f in held]) for k in held[0]}
+    want, got = run(net, batch)["y"], run(q, batch)["y"]
+    # softmax probabilities; quantizing everything (the mask Add too) gave 0.80 and 0.16
+    assert np.abs(got - want).max() < 0.2
+    assert np.abs(got - want).mean() < 0.01
+
+
+def test_a_forwarded_graph_input_is_left_out_of_quantization() -> None:
+    # an edge segment that forwards its input to the cloud (a transformer's residual
+    # stream, cut inside a block): ONNX Runtime's quantizer used to wire the Q/DQ of
+    # that graph output into a cycle ("Graph is not a DAG")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4, name="conv")]
+    model = make(
+        nodes,
+        [f32("x", ["N", 8, 8, 8])],
+        [f32("x", ["N", 8, 8, 8]), f32("y", ["N", 8, 8, 8])],
+        {"w": rand(8, 8, 3, 3, seed=1) * 0.3},
+        opset=18,
+    )
+    assert [o.name for o in without_pass_through(model).graph.output] == ["y"]
+    x = rand(2, 8, 8, 8, seed=7)
+    for runtime in ("cpu", "tensorrt"):
+        q = quantize_model(model, feeds(4, shape=(1, 8, 8, 8)), config_for(runtime))
+        assert [o.name for o in q.graph.output] == ["x", "y"]
+        assert count_qdq(q)["QuantizeLinear"] >= 2
+        got = run(q, {"x": x})
+        np.testing.assert_array_equal(got["x"], x)  # forwarded untouched
+        want = run(model, {"x": x})["y"]
+        assert np.abs(got["y"] - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_tensorrt_segment_that_breaks_the_rules_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from splitinfer.partitioner import quantize
+
+    # a placement that leaves conv2 and the skip Add fp32: their inputs are not quantized
+    monkeypatch.setattr(quantize, "tensorrt_nodes", lambda model: ["conv1"])
+    with pytest.raises(ModelError, match=r"breaks TensorRT's rules: node 'conv2': weighted-inputs"):
+        quantize_model(skip_and_mask_net(), mask_feeds(4), config_for("tensorrt"))
+
+
+def test_the_edge_profile_chooses_the_recipe(tmp_path: Path) -> None:
+    from splitinfer.partitioner.nodeprofile import NodeProfile
+    from splitinfer.partitioner.profiles import BUILTIN
+
+    trt = next(name for name, p in BUILTIN.items() if p.runtime == "tensorrt")
+    cpu = next(name for name, p in BUILTIN.items() if p.runtime == "onnxruntime-cpu")
+    assert runtime_for_profile(trt) == "tensorrt"
+    assert runtime_for_profile(cpu) == "cpu"
+    assert runtime_for_profile(None) == "cpu"
+    for runtime, want in (("onnxruntime-tensorrt", "tensorrt"), ("onnxruntime-cpu", "cpu")):
+        measured = NodeProfile(
+            device="Jetson",
+            runtime=runtime,
+            batch_sizes=(1,),
+            times={1: {"conv": 1e-4}},
+            wall={1: 2e-4},
+            unattributed_s={1: 0.0},
+        )
+        measured.save(tmp_path / f"{runtime}.json")
+        assert runtime_for_profile(str(tmp_path / f"{runtime}.json")) == want
