@@ -15,7 +15,10 @@ offers, what the device is, the config), so it is tested on a CPU box:
   CUDA when present, else CPU.
 
 Asking for a provider this build lacks is a :class:`ConfigError` naming the
-package to install.
+package to install. ``strict=True`` (``bench/gpu_check.py``) gives TensorRT no
+CUDA or CPU fallback: a segment it cannot take whole fails to load instead of
+running partly elsewhere. :func:`tensorrt_parse_errors` asks TensorRT's own ONNX
+parser about a segment.
 """
 
 from __future__ import annotations
@@ -144,8 +147,12 @@ def select_providers(
     config: RuntimeConfig,
     segment: Segment,
     cache_root: Path,
+    strict: bool = False,
 ) -> list[ProviderChoice]:
-    """The providers, with options, that run ``segment`` on this device. Pure."""
+    """The providers, with options, that run ``segment`` on this device. Pure.
+
+    ``strict``: with the TensorRT provider, it alone (no CUDA or CPU fallback).
+    """
     have = set(available)
     want = config.provider
     if want == "auto":
@@ -190,6 +197,8 @@ def select_providers(
             "trt_max_workspace_size": config.trt_workspace_mb * 2**20,
         },
     )
+    if strict:
+        return [trt]
     return [trt, cuda, cpu] if CUDA in have else [trt, cpu]
 
 
@@ -230,16 +239,19 @@ def open_segment(
     device: DeviceInfo,
     available: Sequence[str],
     cache_root: Path | None = None,
+    strict: bool = False,
 ) -> SegmentRunner:
     """A session for one segment file on the selected providers.
 
     The TensorRT engine cache folder is created here; the first session on a
     new device builds the engine (minutes on a Jetson), later ones load it.
+    ``strict``: TensorRT must take every node (ONNX Runtime may place none on
+    the CPU), else a :class:`ModelError`.
     """
     import onnxruntime as ort
 
     root = cache_root or config.trt_cache_dir or default_cache_dir()
-    choices = select_providers(available, device, config, segment, root)
+    choices = select_providers(available, device, config, segment, root, strict=strict)
     if choices[0][0] == TENSORRT:
         Path(choices[0][1]["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
     opts = ort.SessionOptions()
@@ -249,6 +261,8 @@ def open_segment(
     if not config.spin:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if strict and choices[0][0] == TENSORRT:
+        opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     started = time.perf_counter()
     try:
         session = ort.InferenceSession(
@@ -276,3 +290,22 @@ def open_segment(
         time.perf_counter() - started,
     )
     return runner
+
+
+def tensorrt_parse_errors(path: Path) -> list[str]:
+    """What TensorRT's own ONNX parser says against ``path``: one line per error, [] if none.
+
+    Parses only (no engine build, no GPU memory), with the ``tensorrt`` Python
+    package, imported here.
+    """
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    flag = getattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH", None)
+    network = builder.create_network(0 if flag is None else 1 << int(flag))
+    parser = trt.OnnxParser(network, logger)
+    if parser.parse_from_file(str(path)):
+        return []
+    errors = [" ".join(str(parser.get_error(i)).split()) for i in range(parser.num_errors)]
+    return errors or [f"{path.name}: TensorRT's ONNX parser failed without saying why"]
