@@ -1,9 +1,11 @@
 """INT8 edge segments: ONNX Runtime static quantization in QDQ form, and its measured quality.
 
-The QDQ ONNX is the single INT8 artifact: ONNX Runtime runs it on CPU (fusing
-each DequantizeLinear → op → QuantizeLinear group into an integer kernel at
-session creation) and TensorRT builds an engine from the same explicit Q/DQ
-nodes. It therefore holds default-domain ops only.
+QDQ ONNX is the one INT8 format: ONNX Runtime runs it on CPU (fusing each
+DequantizeLinear → op → QuantizeLinear group into an integer kernel at session
+creation) and TensorRT builds an engine from its explicit Q/DQ nodes. It holds
+default-domain ops only. The recipe follows the target (:func:`config_for`):
+u8s8 where ORT's CPU kernels want it, s8s8 with TensorRT's placement for
+TensorRT, checked against :mod:`.trt_rules`.
 
 Quality is measured, not assumed: :func:`agreement` compares the fp32 and int8
 models on held-out samples and names the intermediate tensors with the
