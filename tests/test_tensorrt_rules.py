@@ -460,3 +460,31 @@ def test_the_tensorrt_recipe_follows_the_rules_on_every_zoo_model(
                 continue
             cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
             assert cos > 0.9, (name, plan.id, out, cos)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("edge_profile", "tensorrt"), [("jetson-orin-nano", True), ("raspberry-pi-5", False)]
+)
+def test_split_auto_picks_the_recipe_by_the_edge_runtime(
+    edge_profile: str, tensorrt: bool, exported: Callable[[str], Path], tmp_path: Path
+) -> None:
+    import json
+
+    from splitinfer.partitioner.cli import main
+
+    out = tmp_path / "pkg"
+    argv = [str(exported("resnet")), "--split", "auto", "--edge-profile", edge_profile]
+    assert main([*argv, "--cloud-profile", "l4", "-o", str(out), "-q"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    edges = [c["edge"] for c in manifest["cuts"] if c.get("edge")]
+    assert edges
+    assert all(e["precision"] == "int8" for e in edges)
+    for edge in edges:
+        model = onnx.load(str(out / edge["file"]))
+        broken = check_tensorrt_qdq(model)
+        if tensorrt:  # a Jetson: TensorRT's rules hold
+            assert broken == [], broken
+        else:  # a CPU edge: u8s8, which TensorRT would refuse
+            assert any(": int8: zero point" in line and "uint8" in line for line in broken)
