@@ -52,6 +52,7 @@ Pure: reads the model, changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -141,19 +142,48 @@ def weight_axis(op_type: str, input_index: int, rank: int, trans_b: int = 0) -> 
     return None
 
 
+class _Constants(Mapping[str, Array]):
+    """Initializers and Constant values by name, turned into arrays only when read.
+
+    Weights are only measured (:meth:`dims`); scales and zero points are read.
+    """
+
+    def __init__(self, protos: dict[str, onnx.TensorProto]) -> None:
+        self.protos = protos
+        self._arrays: dict[str, Array] = {}
+
+    def __getitem__(self, name: str) -> Array:
+        if name not in self._arrays:
+            self._arrays[name] = numpy_helper.to_array(self.protos[name])
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.protos)
+
+    def __len__(self) -> int:
+        return len(self.protos)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.protos
+
+    def dims(self, name: str) -> tuple[int, ...] | None:
+        proto = self.protos.get(name)
+        return None if proto is None else tuple(proto.dims)
+
+
 class _Graph:
     """Lookups over one graph: constants, producers, consumers, element types."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         g = model.graph
         self.model = model
-        self.consts: dict[str, Array] = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+        self.consts = _Constants({t.name: t for t in g.initializer})
         self.const_types: dict[str, int] = {t.name: t.data_type for t in g.initializer}
         for node in g.node:
             if node.op_type == "Constant" and node.output:
                 value = next((a.t for a in node.attribute if a.name == "value"), None)
                 if value is not None:
-                    self.consts[node.output[0]] = numpy_helper.to_array(value)
+                    self.consts.protos[node.output[0]] = value
                     self.const_types[node.output[0]] = value.data_type
         self.producer = {o: n for n in g.node for o in n.output if o}
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -266,25 +296,25 @@ def _check_weight(
 ) -> None:
     """The scales of a weighted op's constant input: one per output channel, on that axis."""
     weight = g.source(dq.input[0])
-    value = g.consts.get(weight)
+    shape = g.consts.dims(weight)
     scale = g.consts.get(dq.input[1]) if len(dq.input) > 1 else None
-    if value is None or scale is None:
+    if shape is None or scale is None:
         return
-    axis = weight_axis(node.op_type, index, value.ndim, _attr(node, "transB", 0))
+    axis = weight_axis(node.op_type, index, len(shape), _attr(node, "transB", 0))
     if axis is None:
         return
     name = _label(node)
-    channels = value.shape[axis]
+    channels = shape[axis]
     if scale.size == 1 and channels > 1:
         out.append(
-            f"node {name!r}: per-channel-weight: weight {weight!r} {list(value.shape)} has one "
+            f"node {name!r}: per-channel-weight: weight {weight!r} {list(shape)} has one "
             f"scale; give it {channels}, one per output channel (axis {axis})"
         )
         return
-    got = _attr(dq, "axis", 1) % max(value.ndim, 1)
+    got = _attr(dq, "axis", 1) % max(len(shape), 1)
     if scale.size != channels or (scale.size > 1 and got != axis):
         out.append(
-            f"node {name!r}: weight-axis: weight {weight!r} {list(value.shape)} has "
+            f"node {name!r}: weight-axis: weight {weight!r} {list(shape)} has "
             f"{scale.size} scales on axis {got}; its output channels are axis {axis} "
             f"({channels} of them)"
         )
