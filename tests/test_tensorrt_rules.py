@@ -11,9 +11,10 @@ machine with a GPU; see docs/profiles.md "INT8 for TensorRT".
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -395,15 +396,20 @@ def _decoder() -> object:
     return Decoder()
 
 
-def _zoo_case(name: str) -> Case:
-    model = ZOO[name]
-    return Case(name, lambda path: export(model, path), lambda b, s: model.sample(b, seed=s))
+def zoo_cases(zoo: Mapping[str, Any], export_fn: Callable[[Any, Path], Path]) -> dict[str, Case]:
+    """Cases from a zoo (``{name: model}``, ``model.sample(batch, seed=...)``) and its export."""
+
+    def case(name: str) -> Case:
+        model = zoo[name]
+        return Case(name, lambda path: export_fn(model, path), lambda b, s: model.sample(b, seed=s))
+
+    return {name: case(name) for name in zoo}
 
 
-#: Every model the rules are checked on. The lead adds the real-scale zoo (models/zoo.py)
-#: here at merge: ``*(Case(n, ...) for n in models.zoo.ZOO)``.
+#: Every model the rules are checked on. The real-scale zoo (models/zoo.py) joins with
+#: ``**zoo_cases(models.zoo.ZOO, models.zoo.export)`` (its heavy ones added to SLOW).
 CASES: dict[str, Case] = {
-    **{name: _zoo_case(name) for name in ZOO},
+    **zoo_cases(ZOO, export),
     "resnet_stage": _torch_case("resnet_stage", _resnet_stage, (3, 112, 112)),
     "encoder_layer": _torch_case("encoder_layer", _encoder_layer, (64, 768)),
     "unet_decoder": _torch_case("unet_decoder", _decoder, (3, 64, 64)),
