@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
 
@@ -33,6 +33,7 @@ HEADER_KEY = "X-Splitinfer-Key"
 HEADER_TIMESTAMP = "X-Splitinfer-Timestamp"
 HEADER_NONCE = "X-Splitinfer-Nonce"
 HEADER_SIGNATURE = "X-Splitinfer-Signature"
+HEADER_AUDIENCE = "X-Splitinfer-Audience"  # auth v2: the service the request is for
 HEADERS = (HEADER_DEVICE, HEADER_KEY, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE)
 
 #: Shortest secret accepted from a credential file (bytes).
@@ -43,6 +44,8 @@ _NONCE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
 _METHOD = re.compile(r"[A-Z]{1,16}")
+#: printable ASCII without spaces (a URL or a name), at most 256 characters
+_AUDIENCE = re.compile(r"[!-~]{1,256}")
 
 
 class AuthError(SplitInferError):
@@ -205,10 +208,26 @@ def render_toml(cred: Credential) -> str:
     return "\n".join(lines) + "\n"
 
 
-def canonical_string(method: str, path: str, timestamp: str, nonce: str, body: bytes) -> bytes:
-    """What is signed: method, path, timestamp, nonce and body digest, one per line."""
-    digest = hashlib.sha256(body).hexdigest()
-    return f"{method.upper()}\n{path}\n{timestamp}\n{nonce}\n{digest}".encode()
+def canonical_string(
+    method: str,
+    path: str,
+    timestamp: str,
+    nonce: str,
+    body: bytes,
+    audience: str | None = None,
+    *,
+    digest: str | None = None,
+) -> bytes:
+    """What is signed: method, path, timestamp, nonce, body digest (and audience), one per line.
+
+    Without ``audience`` this is the auth v1 string (five lines); with it, v2
+    appends the audience as a sixth line (see docs/auth.md).
+    """
+    digest = hashlib.sha256(body).hexdigest() if digest is None else digest
+    text = f"{method.upper()}\n{path}\n{timestamp}\n{nonce}\n{digest}"
+    if audience is not None:
+        text += f"\n{audience}"
+    return text.encode()
 
 
 def _mac(secret: bytes, message: bytes) -> str:
@@ -222,8 +241,14 @@ def sign(
     credential: Credential,
     now: float,
     nonce: str | None = None,
+    audience: str | None = None,
 ) -> dict[str, str]:
-    """The headers that authenticate one request (``path`` includes any query string)."""
+    """The headers that authenticate one request (``path`` includes any query string).
+
+    ``audience`` (auth v2): the service the request is meant for, e.g. the
+    endpoint's base URL; sent as ``X-Splitinfer-Audience`` and signed, so a
+    service configured with another audience refuses the request.
+    """
     nonce = secrets.token_hex(16) if nonce is None else nonce
     if not _METHOD.fullmatch(method.upper()):
         raise AuthError(f"method {method[:16]!r} is not an HTTP method")
@@ -231,75 +256,58 @@ def sign(
         raise AuthError(f"nonce must match {_NONCE.pattern}")
     if "\n" in path or "\r" in path:
         raise AuthError("path must not contain a line break")
+    if audience is not None and not _AUDIENCE.fullmatch(audience):
+        raise AuthError(f"audience {audience[:64]!r} must match {_AUDIENCE.pattern}")
     timestamp = str(int(now))
-    message = canonical_string(method, path, timestamp, nonce, body)
-    return {
+    message = canonical_string(method, path, timestamp, nonce, body, audience)
+    headers = {
         HEADER_DEVICE: credential.device_id,
         HEADER_KEY: credential.key_id,
         HEADER_TIMESTAMP: timestamp,
         HEADER_NONCE: nonce,
         HEADER_SIGNATURE: _mac(credential.secret, message),
     }
+    if audience is not None:
+        headers[HEADER_AUDIENCE] = audience
+    return headers
 
 
-class Verifier:
-    """Checks signed requests against a store; remembers nonces to refuse replays.
+def audience_of(url: str) -> str:
+    """The audience an endpoint's base URL stands for: the URL without a trailing slash."""
+    return url.rstrip("/")
 
-    A request is accepted when its timestamp is within ``window_s`` of ``now``,
-    so a nonce is remembered until its timestamp plus ``window_s``. At most
-    ``max_nonces`` are held; when all are still needed, requests are refused
-    with :class:`ReplayCacheFullError` (503) instead of growing the cache.
-    """
 
-    def __init__(
-        self, store: CredentialStore, window_s: float = 30, max_nonces: int = 100_000
-    ) -> None:
-        if window_s <= 0:
-            raise ConfigError(f"window_s={window_s}: must be positive")
+class NonceStore(Protocol):
+    """Where accepted ``(device, nonce)`` pairs are remembered until they leave the window."""
+
+    def seen(self, ident: tuple[str, str]) -> bool:
+        """Whether the pair was already accepted (a cheap look-up before the body is read)."""
+        ...
+
+    def add(self, ident: tuple[str, str], expires: float, horizon: float) -> None:
+        """Remember the pair until ``expires``; :class:`AuthError` if it is already there."""
+        ...
+
+
+class MemoryNonces:
+    """The per-process store: a dict and an expiry heap, at most ``max_nonces`` entries."""
+
+    def __init__(self, max_nonces: int = 100_000) -> None:
         if max_nonces < 1:
             raise ConfigError(f"max_nonces={max_nonces}: must be at least 1")
-        self.store = store
-        self.window_s = float(window_s)
         self.max_nonces = max_nonces
         self._seen: dict[tuple[str, str], float] = {}
         self._expiry: list[tuple[float, tuple[str, str]]] = []
-        # Latest `now` used to evict: a request older than this minus the window
-        # is refused even if the clock steps back, as its nonce may be forgotten.
-        self._horizon = float("-inf")
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def verify(
-        self, method: str, path: str, headers: Mapping[str, str], body: bytes, now: float
-    ) -> Credential:
-        """The credential that signed this request, or :class:`AuthError` saying why not."""
-        values = _headers(headers)
-        device_id, key_id = values[HEADER_DEVICE], values[HEADER_KEY]
-        timestamp, nonce = values[HEADER_TIMESTAMP], values[HEADER_NONCE]
-        if not _METHOD.fullmatch(method.upper()):
-            raise AuthError(f"method {method[:16]!r} is not an HTTP method")
-        if "\n" in path or "\r" in path:
-            raise AuthError("path contains a line break")
-        cred = self.store.get(device_id, key_id)
-        if cred is None:
-            if self.store.has_device(device_id):
-                raise AuthError(f"unknown key {key_id!r} for device {device_id!r}")
-            raise AuthError(f"unknown device {device_id!r}")
-        if cred.expired(now):
-            raise AuthError(f"key {key_id!r} of device {device_id!r} has expired")
-        ts = int(timestamp)
-        if abs(ts - now) > self.window_s or ts + self.window_s < self._horizon:
-            raise AuthError(f"timestamp {ts} is outside the {self.window_s:g} s window")
-        expected = _mac(cred.secret, canonical_string(method, path, timestamp, nonce, body))
-        if not hmac.compare_digest(expected.encode(), values[HEADER_SIGNATURE].encode()):
-            raise AuthError("signature does not match")
-        self._remember((device_id, nonce), ts + self.window_s, now)
-        return cred
+    def seen(self, ident: tuple[str, str]) -> bool:
+        expires = self._seen.get(ident)
+        return expires is not None
 
-    def _remember(self, ident: tuple[str, str], expires: float, now: float) -> None:
-        self._horizon = max(self._horizon, now)
-        while self._expiry and self._expiry[0][0] < self._horizon:
+    def add(self, ident: tuple[str, str], expires: float, horizon: float) -> None:
+        while self._expiry and self._expiry[0][0] < horizon:
             _, old = heapq.heappop(self._expiry)
             del self._seen[old]
         if ident in self._seen:
@@ -312,9 +320,181 @@ class Verifier:
         heapq.heappush(self._expiry, (expires, ident))
 
 
+class _Checked:
+    """A request whose headers passed :meth:`Verifier.precheck`; the body is still to come."""
+
+    __slots__ = ("audience", "cred", "nonce", "signature", "timestamp")
+
+    def __init__(
+        self, cred: Credential, timestamp: str, nonce: str, signature: str, audience: str | None
+    ) -> None:
+        self.cred = cred
+        self.timestamp = timestamp
+        self.nonce = nonce
+        self.signature = signature
+        self.audience = audience
+
+
+#: The one 401 reason for an unknown device or an unknown key: a prober cannot
+#: tell which device ids exist.
+UNKNOWN_CREDENTIAL = "unknown device or key"
+
+
+class Verifier:
+    """Checks signed requests against a store; remembers nonces to refuse replays.
+
+    A request is accepted when its timestamp is within ``window_s`` of ``now``,
+    so a nonce is remembered until its timestamp plus ``window_s``. The
+    per-process store holds at most ``max_nonces``; when all are still needed,
+    requests are refused with :class:`ReplayCacheFullError` (503) instead of
+    growing the cache. ``nonces`` replaces that store (e.g. :class:`RedisNonces`,
+    shared by replicas). ``audiences``, when given, are the only
+    ``X-Splitinfer-Audience`` values accepted, and the header is then required.
+
+    :meth:`precheck` checks everything the headers alone can tell (before the
+    body is read); :meth:`finish` checks the signature over the body and
+    remembers the nonce; :meth:`verify` does both.
+    """
+
+    def __init__(
+        self,
+        store: CredentialStore,
+        window_s: float = 30,
+        max_nonces: int = 100_000,
+        *,
+        audiences: Iterable[str] = (),
+        nonces: NonceStore | None = None,
+    ) -> None:
+        if window_s <= 0:
+            raise ConfigError(f"window_s={window_s}: must be positive")
+        self.store = store
+        self.window_s = float(window_s)
+        self.audiences = frozenset(audience_of(a) for a in audiences)
+        self.nonces: NonceStore = nonces if nonces is not None else MemoryNonces(max_nonces)
+        # Latest `now` used to evict: a request older than this minus the window
+        # is refused even if the clock steps back, as its nonce may be forgotten.
+        self._horizon = float("-inf")
+
+    def __len__(self) -> int:
+        return len(self.nonces)  # type: ignore[arg-type]
+
+    def verify(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, now: float
+    ) -> Credential:
+        """The credential that signed this request, or :class:`AuthError` saying why not."""
+        return self.finish(self.precheck(method, path, headers, now), method, path, body, now)
+
+    def precheck(self, method: str, path: str, headers: Mapping[str, str], now: float) -> _Checked:
+        """Headers, credential, expiry, window, audience and nonce: all but the signature."""
+        values = _headers(headers)
+        device_id, key_id = values[HEADER_DEVICE], values[HEADER_KEY]
+        timestamp, nonce = values[HEADER_TIMESTAMP], values[HEADER_NONCE]
+        audience = values.get(HEADER_AUDIENCE)
+        if not _METHOD.fullmatch(method.upper()):
+            raise AuthError(f"method {method[:16]!r} is not an HTTP method")
+        if "\n" in path or "\r" in path:
+            raise AuthError("path contains a line break")
+        cred = self.store.get(device_id, key_id)
+        if cred is None:
+            raise AuthError(UNKNOWN_CREDENTIAL)
+        if cred.expired(now):
+            raise AuthError(f"key {key_id!r} of device {device_id!r} has expired")
+        ts = int(timestamp)
+        if abs(ts - now) > self.window_s or ts + self.window_s < self._horizon:
+            raise AuthError(f"timestamp {ts} is outside the {self.window_s:g} s window")
+        if self.audiences:
+            if audience is None:
+                raise AuthError(
+                    f"header {HEADER_AUDIENCE} is missing: this service accepts only "
+                    "signatures bound to its audience (auth v2, docs/auth.md)"
+                )
+            if audience_of(audience) not in self.audiences:
+                raise AuthError(f"audience {audience!r} is not this service (wrong audience)")
+        if self.nonces.seen((device_id, nonce)):
+            raise AuthError(f"nonce {nonce!r} was already used (replay)")
+        return _Checked(cred, timestamp, nonce, values[HEADER_SIGNATURE], audience)
+
+    def finish(
+        self,
+        checked: _Checked,
+        method: str,
+        path: str,
+        body: bytes,
+        now: float,
+        *,
+        digest: str | None = None,
+    ) -> Credential:
+        """The signature over the body (or its sha256 ``digest``), then the nonce."""
+        cred = checked.cred
+        message = canonical_string(
+            method, path, checked.timestamp, checked.nonce, body, checked.audience, digest=digest
+        )
+        expected = _mac(cred.secret, message)
+        if not hmac.compare_digest(expected.encode(), checked.signature.encode()):
+            raise AuthError("signature does not match")
+        self._horizon = max(self._horizon, now)
+        expires = int(checked.timestamp) + self.window_s
+        self.nonces.add((cred.device_id, checked.nonce), expires, self._horizon)
+        return cred
+
+
+class NonceStoreDown(OverloadError):
+    """The shared nonce store cannot be reached: refuse (503) rather than accept replays."""
+
+    http_status = 503
+
+
+class RedisNonces:
+    """A nonce store shared by replicas: ``SET key 1 NX PXAT expiry`` in Redis.
+
+    Replicas that share an audience (and so accept the same frames) must share
+    this store for a replay to be refused by all of them. Keys expire in Redis
+    itself when their window ends; nothing grows without bound. If Redis cannot
+    be reached the request is refused with 503 (:class:`NonceStoreDown`), never
+    accepted unchecked.
+    """
+
+    def __init__(self, url: str, prefix: str = "splitinfer:nonce:", timeout_s: float = 1.0):
+        try:
+            import redis
+        except ImportError as exc:  # pragma: no cover - the extra is not installed
+            raise ConfigError(
+                f"nonce_store={url!r} needs the redis client: pip install 'splitinfer[redis]'"
+            ) from exc
+        self.url = url
+        self.prefix = prefix
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        try:
+            self.client = redis.Redis.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )
+        except ValueError as exc:
+            raise ConfigError(f"nonce_store={url!r}: {exc}") from exc
+
+    def _key(self, ident: tuple[str, str]) -> str:
+        return f"{self.prefix}{ident[0]}:{ident[1]}"
+
+    def seen(self, ident: tuple[str, str]) -> bool:
+        try:
+            return bool(self.client.exists(self._key(ident)))
+        except self._errors as exc:
+            raise NonceStoreDown(f"nonce store {self.url} unreachable: {exc}; retry") from None
+
+    def add(self, ident: tuple[str, str], expires: float, horizon: float) -> None:
+        try:
+            fresh = self.client.set(self._key(ident), b"1", nx=True, pxat=int(expires * 1000) + 1)
+        except self._errors as exc:
+            raise NonceStoreDown(f"nonce store {self.url} unreachable: {exc}; retry") from None
+        if not fresh:
+            raise AuthError(f"nonce {ident[1]!r} was already used (replay)")
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def _headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The five auth headers, looked up case-insensitively; each once and well formed."""
-    wanted = {name.lower(): name for name in HEADERS}
+    """The auth headers, looked up case-insensitively; each once and well formed."""
+    wanted = {name.lower(): name for name in (*HEADERS, HEADER_AUDIENCE)}
     found: dict[str, str] = {}
     for name, value in headers.items():
         canonical = wanted.get(name.lower())
@@ -335,6 +515,8 @@ def _headers(headers: Mapping[str, str]) -> dict[str, str]:
             raise AuthError(f"header {name} is missing")
         if not pattern.fullmatch(found[name]):
             raise AuthError(f"header {name} is malformed (must match {pattern.pattern})")
+    if HEADER_AUDIENCE in found and not _AUDIENCE.fullmatch(found[HEADER_AUDIENCE]):
+        raise AuthError(f"header {HEADER_AUDIENCE} is malformed (must match {_AUDIENCE.pattern})")
     return found
 
 
