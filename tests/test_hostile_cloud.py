@@ -1,0 +1,339 @@
+"""Hostile and broken clients against a real cloud-service on loopback (issue 17).
+
+Every test talks to ``serve()`` over real sockets; the slow, idle and aborted
+clients are hand-written HTTP over raw streams (``tests/hostile.py``). Timeouts
+are set short in the config, so nothing here sleeps longer than it must.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from cloudkit import DEVICE, OTHER, chain_repo, config, credentials_file, frame
+from hostile import closed_within, opened, read_response, request_head
+
+from splitinfer.cloud.server import FRAME_TYPE, serve
+from splitinfer.shared.auth import Credential, sign
+from splitinfer.shared.manifest import load_manifest
+
+pytestmark = pytest.mark.integration
+
+INFER = "/v1/models/chain/infer"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("hostile") / "repo"
+    chain_repo(repo)
+    return repo
+
+
+@pytest.fixture
+def creds(tmp_path: Path) -> Path:
+    path = credentials_file(tmp_path / "credentials.toml")
+    path.chmod(0o600)
+    return path
+
+
+@contextlib.asynccontextmanager
+async def running(repo: Path, creds: Path, **kw: Any) -> AsyncIterator[str]:
+    """A cloud-service on a free loopback port; its URL."""
+    cfg = config(repo, credentials=str(creds), warmup=False, **kw)
+    stop = asyncio.Event()
+    urls: list[str] = []
+    task = asyncio.create_task(serve(cfg, stop, started=urls.append))
+    try:
+        while not urls:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        yield urls[0]
+    finally:
+        stop.set()
+        await task
+
+
+def good_frame(repo: Path, rows: int = 1) -> bytes:
+    m = load_manifest(repo / "chain" / "1")
+    x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
+    return frame(m, {"x": x})
+
+
+def signed(body: bytes, cred: Credential = DEVICE, **kw: Any) -> dict[str, str]:
+    return {"Content-Type": FRAME_TYPE, **sign("POST", INFER, body, cred, time.time(), **kw)}
+
+
+async def metric(url: str, name: str) -> str:
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return "\n".join(line for line in text.splitlines() if line.startswith(name))
+
+
+async def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url + INFER, data=body, headers=headers) as resp,
+    ):
+        return resp.status, (await resp.read()).decode("utf-8", "replace")
+
+
+# -- 1. nothing unauthenticated costs memory ----------------------------------------
+
+
+async def test_an_unsigned_body_is_refused_from_its_headers_before_it_is_read(
+    built: Path, creds: Path
+) -> None:
+    """A 60 MiB unsigned body: 401 while the client has sent only its headers."""
+    async with running(built, creds) as url, opened(url) as (reader, writer):
+        writer.write(request_head(INFER, {"Content-Type": FRAME_TYPE}, 60 * 2**20))
+        await writer.drain()
+        async with asyncio.timeout(5):  # before the fix: waits for 60 MiB never sent
+            status, _, body = await read_response(reader)
+        assert status == 401
+        assert b"X-Splitinfer-Device is missing" in body
+        # a stale or unknown-device header set is refused the same way, unread
+    stale = sign("POST", INFER, b"x", DEVICE, time.time() - 3600)
+    async with running(built, creds) as url, opened(url) as (reader, writer):
+        writer.write(request_head(INFER, {"Content-Type": FRAME_TYPE, **stale}, 60 * 2**20))
+        await writer.drain()
+        async with asyncio.timeout(5):
+            status, _, body = await read_response(reader)
+        assert status == 401 and b"window" in body
+
+
+async def test_body_bytes_in_flight_are_bounded_per_device_and_overall(
+    built: Path, creds: Path
+) -> None:
+    big = good_frame(built, rows=200)  # ~3.3 KB
+    assert 2048 < len(big) < 4096
+    limits = {
+        "max_body_bytes": 4096,
+        "max_device_inflight_bytes": 4096,
+        "max_inflight_bytes": 6144,
+    }
+    async with running(built, creds, **limits) as url, opened(url) as (reader, writer):
+        # the first upload stops half way: its bytes stay reserved while it is read
+        writer.write(request_head(INFER, signed(big), len(big)) + big[:1000])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        status, text = await post(url, big, signed(big))  # same device: over its share
+        assert status == 503 and "max_device_inflight_bytes" in text
+        status, text = await post(url, big, signed(big, OTHER))  # another: over the total
+        assert status == 503 and "max_inflight_bytes" in text
+        small = good_frame(built)
+        assert (await post(url, small, signed(small, OTHER)))[0] == 200  # room for small ones
+        writer.write(big[1000:])
+        await writer.drain()
+        status, headers, _ = await read_response(reader)
+        assert status == 200
+        # released: both devices are served again
+        assert (await post(url, big, signed(big)))[0] == 200
+        assert (await post(url, big, signed(big, OTHER)))[0] == 200
+
+
+async def test_a_refused_request_says_when_to_retry(built: Path, creds: Path) -> None:
+    big = good_frame(built, rows=200)
+    limits = {"max_body_bytes": 4096, "max_device_inflight_bytes": 4096}
+    async with running(built, creds, **limits) as url, opened(url) as (_, writer):
+        writer.write(request_head(INFER, signed(big), len(big)) + big[:10])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url + INFER, data=big, headers=signed(big)) as resp,
+        ):
+            assert resp.status == 503
+            assert resp.headers["Retry-After"] == "1"
+
+
+# -- 2. an aborted upload is the client's doing ---------------------------------------
+
+
+async def test_an_aborted_upload_is_counted_apart_without_a_traceback(
+    built: Path, creds: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = good_frame(built, rows=200)
+    limits = {"max_body_bytes": 4096, "max_device_inflight_bytes": 4096}
+    caplog.set_level(logging.DEBUG, logger="splitinfer.cloud")
+    async with running(built, creds, **limits) as url:
+        for _ in range(3):
+            async with opened(url) as (_, writer):
+                writer.write(request_head(INFER, signed(body), len(body)) + body[:2000])
+                await writer.drain()
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        assert "splitinfer_aborted_uploads_total 3.0" in await metric(
+            url, "splitinfer_aborted_uploads_total"
+        )
+        requests = await metric(url, "splitinfer_requests_total")
+        assert 'status="5' not in requests and 'status="499' not in requests
+        # the reservation went with the connection: a full-size upload fits again
+        assert (await post(url, body, signed(body)))[0] == 200
+    assert not [r for r in caplog.records if r.exc_info or "internal error" in r.getMessage()]
+
+
+# -- 3. nothing slow or idle holds a socket ----------------------------------------------
+
+TIMEOUTS = {
+    "header_timeout_s": 0.3,
+    "keepalive_timeout_s": 0.6,
+    "body_timeout_s": 0.4,
+    "max_connections": 4,
+}
+
+
+async def test_an_idle_socket_is_closed_after_the_header_timeout(
+    built: Path, creds: Path
+) -> None:
+    async with running(built, creds, **TIMEOUTS) as url, opened(url) as (reader, _):
+        assert await closed_within(reader, 2.0)  # before: kept for aiohttp's ~1 h
+
+
+async def test_headers_sent_a_byte_at_a_time_are_cut_off(built: Path, creds: Path) -> None:
+    head = request_head(INFER, signed(b"x"), 1)
+    async with running(built, creds, **TIMEOUTS) as url, opened(url) as (reader, writer):
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionError):
+            for byte in head[:40]:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                if reader.at_eof():
+                    break
+                await asyncio.sleep(0.05)
+        assert await closed_within(reader, 2.0)
+        assert time.monotonic() - started < 1.5
+
+
+async def test_a_body_sent_a_byte_at_a_time_gets_408(built: Path, creds: Path) -> None:
+    body = good_frame(built)
+    async with running(built, creds, **TIMEOUTS) as url, opened(url) as (reader, writer):
+        writer.write(request_head(INFER, signed(body), len(body)))
+        await writer.drain()
+        sender = asyncio.create_task(_trickle(writer, body))
+        try:
+            async with asyncio.timeout(3):
+                status, _, text = await read_response(reader)
+        finally:
+            sender.cancel()
+        assert status == 408 and b"body_timeout_s" in text
+
+
+async def _trickle(writer: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(ConnectionError):
+        for byte in data:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+
+async def test_an_idle_keep_alive_connection_is_closed(built: Path, creds: Path) -> None:
+    body = good_frame(built)
+    async with running(built, creds, **TIMEOUTS) as url, opened(url) as (reader, writer):
+        writer.write(request_head(INFER, signed(body), len(body)) + body)
+        await writer.drain()
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and headers.get("connection", "").lower() != "close"
+        assert await closed_within(reader, 2.0)
+
+
+async def test_connections_beyond_the_cap_get_503_and_are_closed(
+    built: Path, creds: Path
+) -> None:
+    async with running(built, creds, **TIMEOUTS) as url, contextlib.AsyncExitStack() as stack:
+        held = [await stack.enter_async_context(opened(url)) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        async with opened(url) as (reader, _):
+            async with asyncio.timeout(2):
+                status, headers, body = await read_response(reader)
+            assert status == 503 and headers["retry-after"] == "1"
+            assert b"too many connections" in body
+        for reader, _ in held:  # the idle ones time out, and make room
+            assert await closed_within(reader, 2.0)
+        async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as resp:
+            assert resp.status == 200
+
+
+# -- 4. replay across replicas ------------------------------------------------------------
+
+
+async def test_a_frame_signed_for_one_replica_is_refused_by_another(
+    built: Path, creds: Path
+) -> None:
+    body = good_frame(built)
+    async with (
+        running(built, creds, audience=("http://cloud-a",)) as a,
+        running(built, creds, audience=("http://cloud-b",)) as b,
+    ):
+        headers = signed(body, audience="http://cloud-a")
+        status, text = await post(b, body, headers)
+        assert status == 401 and "wrong audience" in text
+        assert (await post(a, body, headers))[0] == 200
+        status, text = await post(a, body, headers)
+        assert status == 401 and "replay" in text
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A real redis-server on a free loopback port, for this test only."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server binary (apt-get install redis-server; make install does)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "redis did not start"
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_replicas_sharing_an_audience_share_their_nonces_in_redis(
+    built: Path, creds: Path, redis_url: str
+) -> None:
+    body = good_frame(built)
+    shared = {"audience": ("https://cloud.example",), "nonce_store": redis_url}
+    async with running(built, creds, **shared) as a, running(built, creds, **shared) as b:
+        headers = signed(body, audience="https://cloud.example")
+        assert (await post(a, body, headers))[0] == 200
+        status, text = await post(b, body, headers)  # before: 200 (per-process nonces)
+        assert status == 401 and "replay" in text
+        other = signed(body, audience="https://cloud.example")
+        assert (await post(b, body, other))[0] == 200
+
+
+async def test_an_unreachable_nonce_store_refuses_with_503(built: Path, creds: Path) -> None:
+    body = good_frame(built)
+    dead = {"audience": ("https://c",), "nonce_store": f"redis://127.0.0.1:{_free_port()}/0"}
+    async with running(built, creds, **dead) as url:
+        status, text = await post(url, body, signed(body, audience="https://c"))
+        assert status == 503 and "nonce store" in text
