@@ -27,6 +27,7 @@ from splitinfer import __version__
 from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args, load_toml
 from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.serving import ConnectionGate, bound_url, listen
 
 PROG = "edge-agent"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -89,24 +90,33 @@ async def serve(config: EdgeConfig) -> None:
     from splitinfer.edge.agent import create_app
 
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    q = config.queue
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=q.keepalive_timeout_s,
+        lingering_time=min(2.0, q.body_timeout_s),
+    )
     await runner.setup()
     host, port = config.host_port
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    gate = ConnectionGate(q.max_connections, q.header_timeout_s)
+    try:
+        server = await listen(runner, host, port, gate)
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(f"listen={config.listen}: cannot listen: {exc.strerror}") from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    for addr in runner.addresses:
-        h, p = addr[0], addr[1]
-        shown = f"[{h}]" if ":" in h else h
-        print(f"{PROG}: listening on http://{shown}:{p}", file=sys.stderr, flush=True)
+    print(f"{PROG}: listening on {bound_url(server)}", file=sys.stderr, flush=True)
     try:
         await stop.wait()
     finally:
         print(f"{PROG}: stopping", file=sys.stderr, flush=True)
+        server.close()
         await runner.cleanup()
 
 

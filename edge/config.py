@@ -210,9 +210,21 @@ class QueueConfig:
     #: under this many ms runs it on the event loop when no other request is computing:
     #: the hop to a worker thread and back costs more than that here. 0: always the pool.
     inline_below_ms: float = 1.0
+    #: Seconds a new connection to the local API may take to send its first request's
+    #: headers; then it is closed.
+    header_timeout_s: float = 10.0
+    #: Seconds a request body may take to arrive (then 408).
+    body_timeout_s: float = 30.0
+    #: Seconds an idle keep-alive connection (or one sending its next headers) is kept.
+    keepalive_timeout_s: float = 15.0
+    #: Connections to the local API open at once; more get 503 and are closed.
+    max_connections: int = 256
 
     def __post_init__(self) -> None:
         _at_least("queue.max_concurrency", self.max_concurrency, 1, "e.g. 4")
+        _at_least("queue.max_connections", self.max_connections, 1, "e.g. 256")
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            _positive(f"queue.{name}", getattr(self, name), "give seconds, e.g. 10")
         if isinstance(self.inline_below_ms, bool) or not (
             isinstance(self.inline_below_ms, (int, float))
             and math.isfinite(self.inline_below_ms)
