@@ -36,8 +36,8 @@ from splitinfer.shared.auth import (
     server_ssl_context,
 )
 from splitinfer.shared.errors import ConfigError, ProtocolError, SplitInferError
+from splitinfer.shared.serving import BodyTooLarge as BodyTooLarge  # re-exported (Ray ingress)
 from splitinfer.shared.serving import (
-    BodyTooLarge,
     ClientGone,
     ConnectionGate,
     bound_url,

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +83,22 @@ def resolve(argv: Sequence[str] | None) -> tuple[EdgeConfig, argparse.Namespace]
     return config, args
 
 
-async def serve(config: EdgeConfig) -> None:
-    """Run the agent until SIGTERM/SIGINT; print the address it listens on."""
+async def serve(
+    config: EdgeConfig,
+    stop: asyncio.Event | None = None,
+    started: Callable[[str], None] | None = None,
+    app: Any = None,
+) -> None:
+    """Run the agent until ``stop`` is set (by default on SIGTERM/SIGINT).
+
+    ``started`` gets the URL it listens on (by default it is printed); ``app``
+    replaces the one built from ``config`` (tests).
+    """
     from aiohttp import web
 
     from splitinfer.edge.agent import create_app
 
-    app = create_app(config)
+    app = app if app is not None else create_app(config)
     q = config.queue
     runner = web.AppRunner(
         app,
@@ -106,16 +115,22 @@ async def serve(config: EdgeConfig) -> None:
     except OSError as exc:
         await runner.cleanup()
         raise ConfigError(f"listen={config.listen}: cannot listen: {exc.strerror}") from exc
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    print(f"{PROG}: listening on {bound_url(server)}", file=sys.stderr, flush=True)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+    url = bound_url(server)
+    if started is not None:
+        started(url)
+    else:
+        print(f"{PROG}: listening on {url}", file=sys.stderr, flush=True)
     try:
         await stop.wait()
     finally:
-        print(f"{PROG}: stopping", file=sys.stderr, flush=True)
+        if started is None:
+            print(f"{PROG}: stopping", file=sys.stderr, flush=True)
         server.close()
         await runner.cleanup()
 
