@@ -36,7 +36,7 @@ from splitinfer.shared.auth import (
     server_ssl_context,
 )
 from splitinfer.shared.errors import ConfigError, ProtocolError, SplitInferError
-from splitinfer.shared.serving import BodyTooLarge as BodyTooLarge  # re-exported (Ray ingress)
+from splitinfer.shared.serving import BodyTooLarge as BodyTooLarge  # noqa: PLC0414 (Ray ingress)
 from splitinfer.shared.serving import (
     ClientGone,
     ConnectionGate,
