@@ -187,13 +187,20 @@ def create_app(
             session = make_session(
                 config.uplink.max_connections, config.uplink.connect_timeout_s, ssl_context
             )
-            links = [
-                HttpTransport(u, session, config.uplink.max_response_bytes) for u in config.cloud
-            ]
         signer = None
+        per_endpoint = None
         if credential is not None:
             cred = credential
-            signer = lambda m, p, b: sign(m, p, b, cred, wall())  # noqa: E731
+            if transports is None and config.uplink.sign_audience:
+                # each endpoint signs for itself: a frame for one cloud is refused by another
+                per_endpoint = lambda m, p, b, aud: sign(m, p, b, cred, wall(), audience=aud)  # noqa: E731
+            else:
+                signer = lambda m, p, b: sign(m, p, b, cred, wall())  # noqa: E731
+        if transports is None:
+            links = [
+                HttpTransport(u, session, config.uplink.max_response_bytes, per_endpoint)
+                for u in config.cloud
+            ]
         uplink = None
         if links:
             uplink = Uplink(

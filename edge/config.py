@@ -107,6 +107,9 @@ class UplinkConfig:
     max_response_bytes: int = 64 * 2**20
     #: X-Splitinfer-Priority sent with every request (0..9; unset: the cloud's default, 5).
     priority: int | None = None
+    #: Bind each signature to its endpoint's URL (auth v2, X-Splitinfer-Audience); turn
+    #: off only to talk to a cloud-service older than auth v2 (docs/auth.md).
+    sign_audience: bool = True
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "connect_timeout_s", "backoff_max_s", "breaker_reset_s"):

@@ -345,3 +345,30 @@ async def test_an_unreachable_nonce_store_refuses_with_503(built: Path, creds: P
         status, text = await post(url, body, signed(body, audience="https://c"))
         assert status == 503
         assert "nonce store" in text
+
+
+async def test_the_edge_transport_signs_for_the_endpoint_it_sends_to(
+    built: Path, creds: Path
+) -> None:
+    from splitinfer.edge.transport import HttpTransport
+
+    port = _free_port()
+    own = f"http://127.0.0.1:{port}"
+    body = good_frame(built)
+    async with (
+        running(built, creds, listen=f"127.0.0.1:{port}", audience=(own,)) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        assert url == own
+
+        def signer(m: str, p: str, b: bytes, aud: str) -> dict[str, str]:
+            return sign(m, p, b, DEVICE, time.time(), audience=aud)
+
+        link = HttpTransport(url + "/", http, 2**20, signer)
+        reply = await link.request("POST", INFER, body, {"Content-Type": FRAME_TYPE}, 5.0)
+        assert reply.status == 200
+        unbound = HttpTransport(url, http, 2**20)
+        headers = {"Content-Type": FRAME_TYPE, **sign("POST", INFER, body, DEVICE, time.time())}
+        reply = await unbound.request("POST", INFER, body, headers, 5.0)
+        assert reply.status == 401
+        assert b"Audience is missing" in reply.body
