@@ -23,7 +23,6 @@ from prometheus_client import Counter
 
 from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.engine import DEFAULT_PRIORITY, Engine
-from splitinfer.cloud.limits import BodyBudget
 from splitinfer.cloud.metrics import UNKNOWN, Metrics
 from splitinfer.cloud.overload import RateLimiter, retry_after_header
 from splitinfer.shared.auth import (
@@ -36,14 +35,15 @@ from splitinfer.shared.auth import (
     server_ssl_context,
 )
 from splitinfer.shared.errors import ConfigError, ProtocolError, SplitInferError
-from splitinfer.shared.serving import BodyTooLarge as BodyTooLarge  # noqa: PLC0414 (Ray ingress)
 from splitinfer.shared.serving import (
+    BodyBudget,
     ClientGone,
     ConnectionGate,
     bound_url,
     listen,
     read_body,
 )
+from splitinfer.shared.serving import BodyTooLarge as BodyTooLarge  # noqa: PLC0414 (Ray ingress)
 
 log = logging.getLogger("splitinfer.cloud")
 

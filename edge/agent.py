@@ -57,7 +57,7 @@ from splitinfer.edge.pipeline import Pipeline, Result
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
 from splitinfer.shared.auth import Credential, CredentialStore, client_ssl_context, sign
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
-from splitinfer.shared.serving import ClientGone, read_body
+from splitinfer.shared.serving import BodyBudget, ClientGone, read_body
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ class AgentState:
     pipeline: Pipeline | None = None
     warm: dict[str, float] = field(default_factory=dict)
     aborted: Any = None  # prometheus Counter, see _aborted
+    budget: BodyBudget = field(default_factory=lambda: BodyBudget(2**62, 2**62))
 
 
 STATE = web.AppKey("state", AgentState)
@@ -174,6 +175,7 @@ def create_app(
         ssl_context = client_ssl_context(config.ca_file)
     q = config.queue
     state = AgentState(config, model, EdgeMetrics(), Admission(q.max_concurrency, q.max_queue))
+    state.budget = BodyBudget(q.max_inflight_bytes, q.max_inflight_bytes)
     app = web.Application(client_max_size=q.max_body_bytes, middlewares=[_errors])
     app[STATE] = state
 
@@ -284,12 +286,29 @@ async def infer(request: web.Request) -> web.StreamResponse:
     timeout = _timeout(request)
     deadline = started + (timeout if timeout is not None else state.config.queue.request_timeout_s)
     q = state.config.queue
-    body = await read_body(
-        request.content,
-        declared=request.content_length,
-        limit=q.max_body_bytes,
-        timeout_s=q.body_timeout_s,
-    )
+    declared = request.content_length
+    with state.budget.reservation("local") as held:
+        if declared is not None and declared <= q.max_body_bytes:
+            held.grow(declared)
+        body = await read_body(
+            request.content,
+            declared=declared,
+            limit=q.max_body_bytes,
+            timeout_s=q.body_timeout_s,
+            grow=held.grow,
+        )
+    return await _infer(request, state, pipeline, body, started, deadline)
+
+
+async def _infer(
+    request: web.Request,
+    state: AgentState,
+    pipeline: Pipeline,
+    body: bytes,
+    started: float,
+    deadline: float,
+) -> web.StreamResponse:
+    q = state.config.queue
     kind = body_kind(request.headers.get("Content-Type", ""), body)
     loop = asyncio.get_running_loop()
     # bodies are decoded off the event loop (a large .npz or JSON takes a while, and a

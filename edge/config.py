@@ -222,10 +222,20 @@ class QueueConfig:
     keepalive_timeout_s: float = 15.0
     #: Connections to the local API open at once; more get 503 and are closed.
     max_connections: int = 256
+    #: Request body bytes being read at once over all applications; beyond: 503.
+    max_inflight_bytes: int = 128 * 2**20
 
     def __post_init__(self) -> None:
         _at_least("queue.max_concurrency", self.max_concurrency, 1, "e.g. 4")
         _at_least("queue.max_connections", self.max_connections, 1, "e.g. 256")
+        if isinstance(self.max_inflight_bytes, bool) or not (
+            isinstance(self.max_inflight_bytes, int)
+            and self.max_inflight_bytes >= self.max_body_bytes
+        ):
+            raise ConfigError(
+                f"queue.max_inflight_bytes={self.max_inflight_bytes!r} must be an integer >= "
+                f"queue.max_body_bytes={self.max_body_bytes}, or a largest body could never be read"
+            )
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
             _positive(f"queue.{name}", getattr(self, name), "give seconds, e.g. 10")
         if isinstance(self.inline_below_ms, bool) or not (

@@ -14,6 +14,11 @@ within ``header_timeout_s`` is aborted.
 :func:`read_body` reads a request body incrementally under a size limit and a
 deadline (a slow sender is cut off, not waited for), and turns a client that
 goes away mid-body into :class:`ClientGone`, after releasing what was read.
+:class:`BodyBudget` bounds the body bytes being read at once, per client and
+overall: a sized body reserves its Content-Length before the first byte is
+read, an unsized one grows its reservation chunk by chunk, and a reservation
+that does not fit is refused with :class:`InFlightFull` (503 + Retry-After);
+it is released as soon as the request is done, whatever happened to it.
 Only asyncio and duck-typed streams here; aiohttp stays in the daemons.
 """
 
@@ -23,7 +28,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from splitinfer.shared.errors import ProtocolError, SplitInferError
+from splitinfer.shared.errors import OverloadError, ProtocolError, SplitInferError
 
 _REFUSAL_BODY = b'{"error": "too many connections open; retry shortly", "status": 503}'
 #: What a connection beyond the cap gets before it is closed.
@@ -54,6 +59,75 @@ class BodyTimeout(ProtocolError):
 
 class BodyTooLarge(SplitInferError):
     http_status = 413
+
+
+class InFlightFull(OverloadError):
+    """Too many request body bytes are being read at once (HTTP 503)."""
+
+    http_status = 503
+    retry_after = 1.0
+
+
+class BodyBudget:
+    """At most ``total`` bytes in flight, ``per_device`` of them for one device."""
+
+    def __init__(self, total: int, per_device: int) -> None:
+        self.total = total
+        self.per_device = per_device
+        self.used = 0
+        self.peak = 0
+        self._by_device: dict[str, int] = {}
+
+    def reservation(self, device: str) -> Reservation:
+        return Reservation(self, device)
+
+    def _take(self, device: str, n: int) -> None:
+        held = self._by_device.get(device, 0)
+        if held + n > self.per_device:
+            raise InFlightFull(
+                f"device {device!r} has {held + n} request bytes in flight, over "
+                f"max_device_inflight_bytes={self.per_device}; retry shortly"
+            )
+        if self.used + n > self.total:
+            raise InFlightFull(
+                f"{self.used} request bytes are in flight, no room for {n} more "
+                f"(max_inflight_bytes={self.total}); retry shortly"
+            )
+        self._by_device[device] = held + n
+        self.used += n
+        self.peak = max(self.peak, self.used)
+
+    def _give(self, device: str, n: int) -> None:
+        left = self._by_device.get(device, 0) - n
+        if left > 0:
+            self._by_device[device] = left
+        else:
+            self._by_device.pop(device, None)
+        self.used -= n
+
+    def held(self, device: str) -> int:
+        return self._by_device.get(device, 0)
+
+
+class Reservation:
+    """One request's share of a :class:`BodyBudget`; a context manager that gives it back."""
+
+    def __init__(self, budget: BodyBudget, device: str) -> None:
+        self.budget = budget
+        self.device = device
+        self.size = 0
+
+    def grow(self, n: int) -> None:
+        self.budget._take(self.device, n)
+        self.size += n
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.size:
+            self.budget._give(self.device, self.size)
+            self.size = 0
 
 
 class Stream(Protocol):
