@@ -266,6 +266,11 @@ class ServiceConfig:
     max_device_inflight_bytes: int = _opt(
         64 * 2**20, "request body bytes being read at once for one device; beyond: 503"
     )
+    accept_raw: bool = _opt(
+        False,
+        "accept raw tensors where the cut's manifest names another codec (tests and "
+        "debugging; off: such a frame is 400, as the HTTP contract says)",
+    )
     max_json_bytes: int = _opt(8 * 2**20, "largest infer.json body (parsed off the event loop)")
     header_timeout_s: float = _opt(
         10.0, "seconds a new connection may take to send its first request's headers"

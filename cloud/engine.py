@@ -219,7 +219,14 @@ class Engine:
             )
         lv = state.route(head.model_version, device, admitted, self.registry.draw())
         runner = lv.runner(head.cut_id)
-        request = decode_request(head, lv.manifest, self.limits, runner.codecs)
+        request = decode_request(
+            head,
+            lv.manifest,
+            self.limits,
+            runner.codecs,
+            strict_codec=not self.config.accept_raw,
+            finite=True,
+        )
         self._check_privacy(lv.manifest.privacy, request.privacy.noise_multiplier, device, model)
         arrays = {t.name: t.array for t in request.tensors}
         outputs, load = await self._submit(model, lv, runner, arrays, request, priority, admitted)

@@ -333,10 +333,14 @@ async def infer(request: web.Request) -> web.StreamResponse:
     return web.Response(body=served.body, content_type=FRAME_TYPE, headers=headers)
 
 
+def _no_constant(name: str) -> Any:
+    raise ProtocolError(f"body: {name} is not JSON (inputs must be finite numbers)")
+
+
 def parse_infer_json(body: bytes) -> tuple[dict[str, Any], str, str]:
     """``(inputs, cut_id, model_version)`` of a JSON debugging request (see http-api.md)."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"body: not JSON ({exc})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("inputs"), dict):

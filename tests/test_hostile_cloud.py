@@ -372,3 +372,86 @@ async def test_the_edge_transport_signs_for_the_endpoint_it_sends_to(
         reply = await unbound.request("POST", INFER, body, headers, 5.0)
         assert reply.status == 401
         assert b"Audience is missing" in reply.body
+
+
+# -- 6. the smaller ones at the cloud -------------------------------------------------------
+
+
+def _coded_frame(repo: Path, codec: int) -> bytes:
+    """A request frame for the default cut with every tensor in ``codec``."""
+    from splitinfer.shared.codecs import QuantParams
+    from splitinfer.shared.frame import Request, WireTensor, encode_request
+    from splitinfer.shared.package import quant_params
+
+    m = load_manifest(repo / "chain" / "1")
+    cut = m.find_cut(m.default_cut)
+    assert cut is not None
+    tensors = []
+    for spec in cut.tensors:
+        x = np.random.default_rng(3).standard_normal((1, 4)).astype(np.float32)
+        q = quant_params(cut, spec.name)
+        ref = q is not None
+        q = q or QuantParams((float(np.abs(x).max()) / 127,), (0,))
+        tensors.append(WireTensor(spec.name, x, codec, q if codec != 1 else None, ref))
+    return encode_request(Request("r1", "chain", "", cut.id, tuple(tensors)))
+
+
+async def test_a_raw_frame_where_the_manifest_says_int8_zstd_is_400(
+    built: Path, creds: Path
+) -> None:
+    from splitinfer.shared.codecs import INT8_ZSTD, RAW
+
+    m = load_manifest(built / "chain" / "1")
+    cut = m.find_cut(m.default_cut)
+    assert cut is not None
+    assert cut.codec.name == "int8+zstd"
+    raw, coded = _coded_frame(built, RAW), _coded_frame(built, INT8_ZSTD)
+    async with running(built, creds, accept_raw=False) as url:
+        status, text = await post(url, raw, signed(raw))
+        assert status == 400
+        assert "not the cut's codec (int8+zstd" in text
+        assert (await post(url, coded, signed(coded)))[0] == 200
+
+
+async def test_nan_or_infinite_activations_are_400(built: Path, creds: Path) -> None:
+    m = load_manifest(built / "chain" / "1")
+    async with running(built, creds) as url:
+        for bad in (np.nan, np.inf):
+            x = np.ones((1, 4), np.float32)
+            x[0, 1] = bad
+            body = frame(m, {"x": x})
+            status, text = await post(url, body, signed(body))
+            assert status == 400
+            assert "NaN or infinity" in text
+
+
+async def test_infer_json_never_answers_bare_nan_and_caps_its_body(
+    built: Path, creds: Path
+) -> None:
+    import json
+
+    path = "/v1/models/chain/infer.json"
+
+    def signed_json(doc: bytes) -> dict[str, str]:
+        return {
+            "Content-Type": "application/json",
+            **sign("POST", path, doc, DEVICE, time.time()),
+        }
+
+    async with running(built, creds, max_json_bytes=4096) as url, aiohttp.ClientSession() as http:
+        huge = json.dumps({"inputs": {"x": [[0.0] * 4] * 400}}).encode()
+        async with http.post(url + path, data=huge, headers=signed_json(huge)) as resp:
+            assert resp.status == 413
+        doc = b'{"inputs": {"x": [[NaN, 0, 0, Infinity]]}}'  # Python's json reads these
+        async with http.post(url + path, data=doc, headers=signed_json(doc)) as resp:
+            assert resp.status == 400  # before: 200 with bare NaN outputs
+            assert "NaN" in json.loads(await resp.text())["error"]
+
+
+def test_a_json_answer_with_nan_outputs_is_refused_not_sent_bare() -> None:
+    from splitinfer.cloud.server import json_answer
+    from splitinfer.shared.errors import ProtocolError
+
+    assert json_answer({"outputs": {"y": np.array([1.5])}}) == '{"outputs": {"y": [1.5]}}'
+    with pytest.raises(ProtocolError, match="NaN or infinity"):
+        json_answer({"outputs": {"y": np.array([np.nan])}})
