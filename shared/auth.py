@@ -17,6 +17,8 @@ import binascii
 import hashlib
 import heapq
 import hmac
+import logging
+import os
 import re
 import secrets
 import ssl
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
+
+log = logging.getLogger("splitinfer.auth")
 
 HEADER_DEVICE = "X-Splitinfer-Device"
 HEADER_KEY = "X-Splitinfer-Key"
@@ -92,6 +96,7 @@ class CredentialStore:
         import tomllib
 
         path = Path(path)
+        _check_private(path)
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
@@ -108,6 +113,22 @@ class CredentialStore:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+
+def _check_private(path: Path) -> None:
+    """Warn loudly, as ssh does, when a credential file is readable by group or others."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # reading it fails next, with the reason
+    if os.name == "posix" and mode & 0o077:
+        log.warning(
+            "%s: credential file is accessible by group or others (mode %04o): anyone on this "
+            "machine can read the device secrets; chmod 600 %s",
+            path,
+            mode & 0o777,
+            path,
+        )
 
 
 def _parse(data: dict[str, Any], src: str) -> list[Credential]:

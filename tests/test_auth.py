@@ -524,3 +524,19 @@ def test_client_context_errors(pem: dict[str, Path], name: str, message: str) ->
     with pytest.raises(ConfigError, match=message) as info:
         client_ssl_context(pem["cert"].parent / f"{name}.pem")
     assert "\n" not in str(info.value)
+
+
+def test_a_credential_file_readable_by_others_is_warned_about_loudly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "creds.toml"
+    path.write_text(render_toml(CAM))
+    path.chmod(0o644)
+    with caplog.at_level("WARNING", logger="splitinfer.auth"):
+        CredentialStore.from_file(path)
+    assert any("chmod 600" in r.getMessage() and "0644" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    path.chmod(0o600)
+    with caplog.at_level("WARNING", logger="splitinfer.auth"):
+        CredentialStore.from_file(path)
+    assert not caplog.records
