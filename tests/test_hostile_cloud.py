@@ -455,3 +455,35 @@ def test_a_json_answer_with_nan_outputs_is_refused_not_sent_bare() -> None:
     assert json_answer({"outputs": {"y": np.array([1.5])}}) == '{"outputs": {"y": [1.5]}}'
     with pytest.raises(ProtocolError, match="NaN or infinity"):
         json_answer({"outputs": {"y": np.array([np.nan])}})
+
+
+async def test_a_deleted_version_is_not_listed_as_failed_after_a_reload(
+    built: Path, tmp_path: Path
+) -> None:
+    import hashlib
+    import json
+
+    from splitinfer.cloud.engine import Engine
+
+    repo = tmp_path / "repo"
+    shutil.copytree(built, repo)
+    broken = repo / "chain" / "2"
+    shutil.copytree(repo / "chain" / "1", broken)
+    (broken / "cloud.onnx").write_bytes(b"not onnx")
+    data = json.loads((broken / "manifest.json").read_text())
+    for cut in data["cuts"]:
+        if cut.get("cloud"):
+            digest = hashlib.sha256((broken / cut["cloud"]["file"]).read_bytes()).hexdigest()
+            cut["cloud"]["sha256"] = digest
+    (broken / "manifest.json").write_text(json.dumps(data))
+    async with Engine(config(repo, warmup=False)) as engine:
+
+        def states() -> dict[str, str]:
+            versions = engine.registry.status()["models"][0]["versions"]
+            return {v["version"]: v["state"] for v in versions}
+
+        assert states().get("2") == "failed"
+        shutil.rmtree(broken)
+        await engine.reload(force=True)
+        assert "2" not in states()  # before: still listed as failed
+        assert states()["1"] != "failed"
