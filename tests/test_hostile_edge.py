@@ -144,14 +144,28 @@ def test_an_npz_that_understates_a_member_is_never_inflated_past_it(package: Pat
         parse_body("npz", bytes(bomb), load_manifest(package), max_bytes=2**20)
 
 
-async def test_good_requests_are_answered_while_a_large_body_decodes(package: Path) -> None:
-    big = {"inputs": {"x": np.zeros((256, 16)).tolist()}}
-    body = json.dumps(big).encode()
+async def test_bodies_are_decoded_off_the_event_loop(
+    package: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large .npz or JSON takes a while to decode: never on the loop, where it stalls all."""
+    import threading
+
+    import splitinfer.edge.agent as agent_module
+
+    threads: list[str] = []
+    real = agent_module.parse_body
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(agent_module, "parse_body", spy)
+    body = json.dumps({"inputs": {"x": GOOD.tolist()}}).encode()
     async with running(package) as url:
-        slow = asyncio.create_task(post(url, body, {"Content-Type": "application/json"}))
-        status, _ = await post(url, npy(GOOD), NPY)
-        assert status == 200
-        assert (await slow)[0] == 200
+        assert (await post(url, body, {"Content-Type": "application/json"}))[0] == 200
+        assert (await post(url, npy(GOOD), NPY))[0] == 200
+    assert len(threads) == 2
+    assert threading.main_thread().name not in threads
 
 
 # -- 6. the smaller ones at the edge ------------------------------------------------------
