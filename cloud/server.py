@@ -29,12 +29,11 @@ from splitinfer.shared.auth import (
     HEADER_DEVICE,
     AuthError,
     CredentialStore,
-    NonceStore,
-    RedisNonces,
     Verifier,
     server_ssl_context,
 )
 from splitinfer.shared.errors import ConfigError, ProtocolError, SplitInferError
+from splitinfer.shared.nonces import NonceStore, RedisNonces
 from splitinfer.shared.serving import (
     BodyBudget,
     ClientGone,

@@ -372,7 +372,7 @@ def test_cloud_service_runs_as_a_process_and_stops_on_sigterm(repo: Path, tmp_pa
     exe = Path(sys.executable).with_name("cloud-service")
     cmd = [str(exe), "--repository", str(repo), "--listen", "127.0.0.1:0"]
     proc = subprocess.Popen(
-        [*cmd, "--credentials", str(creds), "--log-level", "warning"],
+        [*cmd, "--credentials", str(creds), "--log-level", "warning", "--accept-raw"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
