@@ -206,8 +206,13 @@ class Engine:
         *,
         device: str = "",
         priority: int = DEFAULT_PRIORITY,
+        raw_ok: bool = False,
     ) -> Served:
-        """Answer one request frame for ``model`` with a response frame."""
+        """Answer one request frame for ``model`` with a response frame.
+
+        Its tensors must travel in the cut's codec unless ``config.accept_raw``
+        or ``raw_ok`` (the JSON path, whose values arrive exact, as raw).
+        """
         if self.closing:
             raise ShuttingDown("the service is shutting down", 5.0)
         admitted = self.clock()
@@ -224,7 +229,7 @@ class Engine:
             lv.manifest,
             self.limits,
             runner.codecs,
-            strict_codec=not self.config.accept_raw,
+            strict_codec=not (self.config.accept_raw or raw_ok),
             finite=True,
         )
         self._check_privacy(lv.manifest.privacy, request.privacy.noise_multiplier, device, model)
@@ -299,7 +304,7 @@ class Engine:
         if extra:
             raise ProtocolError(f"inputs.{extra[0]}: not a tensor of cut {cut_id}")
         frame = encode_request(Request(uuid.uuid4().hex, model, lv.version, cut_id, tuple(tensors)))
-        served = await self.infer(model, frame, device=device, priority=priority)
+        served = await self.infer(model, frame, device=device, priority=priority, raw_ok=True)
         response = decode_response(served.body, lv.manifest, self.limits)
         return {t.name: t.array for t in response.tensors}, served.version
 

@@ -411,6 +411,18 @@ async def test_a_raw_frame_where_the_manifest_says_int8_zstd_is_400(
         assert status == 400
         assert "not the cut's codec (int8+zstd" in text
         assert (await post(url, coded, signed(coded)))[0] == 200
+        # the JSON debugging path carries exact values (raw) and is not refused for it
+        path = "/v1/models/chain/infer.json"
+        doc = b'{"inputs": {"x": [[0.5, 0.25, 0, 1]]}}'
+        headers = {
+            "Content-Type": "application/json",
+            **sign("POST", path, doc, DEVICE, time.time()),
+        }
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url + path, data=doc, headers=headers) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
 
 
 async def test_nan_or_infinite_activations_are_400(built: Path, creds: Path) -> None:
