@@ -246,6 +246,7 @@ def _auth_kind(exc: AuthError) -> str:
         ("expired", "expired"),
         ("window", "stale"),
         ("unknown", "unknown"),
+        ("audience", "audience"),
     ):
         if needle in text:
             return kind
