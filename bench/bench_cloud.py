@@ -273,6 +273,7 @@ def service_cmd(repo: Path, port: int, batching: bool) -> list[str]:
         "--listen",
         f"127.0.0.1:{port}",
         "--no-auth",
+        "--accept-raw",  # frames_for() sends the cut tensor raw
         "--log-level",
         "warning",
         "--max-batch-size",
@@ -598,6 +599,7 @@ def engine_cpu(repo: Path, frames: list[bytes], concurrency: int, seconds: float
         cfg = ServiceConfig(
             repository=str(repo),
             no_auth=True,
+            accept_raw=True,  # frames_for() sends the cut tensor raw
             log_level="warning",
             batching=BatchingConfig(max_batch_size=MAX_BATCH, max_queue_delay_ms=DELAY_MS),
         )

@@ -88,6 +88,7 @@ def run_ray(
     service = ServiceConfig(
         repository=str(repo),
         no_auth=True,
+        accept_raw=True,  # bench_cloud.frames_for() sends the cut tensor raw
         log_level="warning",
         batching=BatchingConfig(
             max_batch_size=bc.MAX_BATCH, max_queue_delay_ms=bc.DELAY_MS, max_queue_size=4096

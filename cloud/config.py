@@ -249,6 +249,37 @@ class ServiceConfig:
     max_tensor_bytes: int = _opt(256 * 2**20, "largest decoded tensor of one request")
     max_request_batch: int = _opt(256, "most samples one request frame may carry")
     auth_window_s: float = _opt(30.0, "accepted clock skew / replay window of signed requests")
+    audience: tuple[str, ...] = _opt(
+        (),
+        "this replica's audience(s), e.g. its public URL: only requests signed for one of "
+        "them are accepted (auth v2; empty: any audience, and unbound v1 signatures)",
+    )
+    nonce_store: str = _opt(
+        "",
+        "where accepted nonces are remembered: '' (this process; the default) or "
+        "redis://HOST:PORT/DB, shared by replicas with the same audience",
+    )
+    max_inflight_bytes: int = _opt(
+        128 * 2**20,
+        "request body bytes being read at once over all clients; beyond: 503 + Retry-After",
+    )
+    max_device_inflight_bytes: int = _opt(
+        64 * 2**20, "request body bytes being read at once for one device; beyond: 503"
+    )
+    accept_raw: bool = _opt(
+        False,
+        "accept raw tensors where the cut's manifest names another codec (tests and "
+        "debugging; off: such a frame is 400, as the HTTP contract says)",
+    )
+    max_json_bytes: int = _opt(8 * 2**20, "largest infer.json body (parsed off the event loop)")
+    header_timeout_s: float = _opt(
+        10.0, "seconds a new connection may take to send its first request's headers"
+    )
+    body_timeout_s: float = _opt(30.0, "seconds a request body may take to arrive (then 408)")
+    keepalive_timeout_s: float = _opt(
+        15.0, "seconds an idle keep-alive connection (or one sending its next headers) is kept"
+    )
+    max_connections: int = _opt(1000, "connections open at once; more get 503 and are closed")
     watch_interval_s: float = _opt(0.0, "rescan the repository every N seconds (0: off)")
     drain_timeout_s: float = _opt(30.0, "on shutdown, how long queued requests may finish")
     warmup: bool = _opt(True, "run each new version at batch 1 and max batch before serving")
@@ -269,6 +300,27 @@ class ServiceConfig:
         _positive_int(self, "max_request_batch")
         _positive_int(self, "workers", 0)
         _number(self, "auth_window_s", 1.0)
+        _positive_int(self, "max_inflight_bytes")
+        _positive_int(self, "max_device_inflight_bytes")
+        _positive_int(self, "max_json_bytes")
+        _positive_int(self, "max_connections")
+        _number(self, "header_timeout_s", 0.001)
+        _number(self, "body_timeout_s", 0.001)
+        _number(self, "keepalive_timeout_s", 0.001)
+        if not self.max_body_bytes <= self.max_device_inflight_bytes <= self.max_inflight_bytes:
+            raise ConfigError(
+                f"max_body_bytes={self.max_body_bytes} <= max_device_inflight_bytes="
+                f"{self.max_device_inflight_bytes} <= max_inflight_bytes="
+                f"{self.max_inflight_bytes} must hold, or a largest body could never be read; "
+                "raise the in-flight bounds or lower max_body_bytes"
+            )
+        if self.nonce_store and not self.nonce_store.startswith(("redis://", "rediss://")):
+            raise ConfigError(
+                f"nonce_store={self.nonce_store!r}: give '' (this process) or redis://HOST:PORT/DB"
+            )
+        for aud in self.audience:
+            if not aud or any(c.isspace() for c in aud) or len(aud) > 256:
+                raise ConfigError(f"audience {aud!r}: a URL or name, no spaces, <= 256 chars")
         _number(self, "watch_interval_s")
         _number(self, "drain_timeout_s")
         if self.log_level not in ("debug", "info", "warning", "error"):

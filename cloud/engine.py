@@ -206,8 +206,13 @@ class Engine:
         *,
         device: str = "",
         priority: int = DEFAULT_PRIORITY,
+        raw_ok: bool = False,
     ) -> Served:
-        """Answer one request frame for ``model`` with a response frame."""
+        """Answer one request frame for ``model`` with a response frame.
+
+        Its tensors must travel in the cut's codec unless ``config.accept_raw``
+        or ``raw_ok`` (the JSON path, whose values arrive exact, as raw).
+        """
         if self.closing:
             raise ShuttingDown("the service is shutting down", 5.0)
         admitted = self.clock()
@@ -219,7 +224,14 @@ class Engine:
             )
         lv = state.route(head.model_version, device, admitted, self.registry.draw())
         runner = lv.runner(head.cut_id)
-        request = decode_request(head, lv.manifest, self.limits, runner.codecs)
+        request = decode_request(
+            head,
+            lv.manifest,
+            self.limits,
+            runner.codecs,
+            strict_codec=not (self.config.accept_raw or raw_ok),
+            finite=True,
+        )
         self._check_privacy(lv.manifest.privacy, request.privacy.noise_multiplier, device, model)
         arrays = {t.name: t.array for t in request.tensors}
         outputs, load = await self._submit(model, lv, runner, arrays, request, priority, admitted)
@@ -292,7 +304,7 @@ class Engine:
         if extra:
             raise ProtocolError(f"inputs.{extra[0]}: not a tensor of cut {cut_id}")
         frame = encode_request(Request(uuid.uuid4().hex, model, lv.version, cut_id, tuple(tensors)))
-        served = await self.infer(model, frame, device=device, priority=priority)
+        served = await self.infer(model, frame, device=device, priority=priority, raw_ok=True)
         response = decode_response(served.body, lv.manifest, self.limits)
         return {t.name: t.array for t in response.tensors}, served.version
 

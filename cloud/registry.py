@@ -243,6 +243,8 @@ class Registry:
             self.metrics.load_seconds.labels(name).observe(lv.load_seconds)
             report["loaded"].append({"model": name, "version": version})
             log.info("%s version %s loaded and warmed in %.2f s", name, version, lv.load_seconds)
+        for version in [v for v in state.failed if v not in wanted]:
+            del state.failed[version]  # deleted (or no longer wanted): not failed any more
         if any_failed:  # retire nothing while something wanted failed
             for version, lv in state.serving.items():
                 serving.setdefault(version, lv)

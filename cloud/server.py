@@ -11,6 +11,7 @@ finish, then the queues drain.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.engine import DEFAULT_PRIORITY, Engine
@@ -31,6 +33,16 @@ from splitinfer.shared.auth import (
     server_ssl_context,
 )
 from splitinfer.shared.errors import ConfigError, ProtocolError, SplitInferError
+from splitinfer.shared.nonces import NonceStore, RedisNonces
+from splitinfer.shared.serving import (
+    BodyBudget,
+    ClientGone,
+    ConnectionGate,
+    bound_url,
+    listen,
+    read_body,
+)
+from splitinfer.shared.serving import BodyTooLarge as BodyTooLarge  # noqa: PLC0414 (Ray ingress)
 
 log = logging.getLogger("splitinfer.cloud")
 
@@ -41,10 +53,6 @@ HEADER_VERSION = "X-Splitinfer-Model-Version"  # on 200s: the version that serve
 NO_AUTH_WARNING = "authentication is off (--no-auth): any client may use this service"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class BodyTooLarge(SplitInferError):
-    http_status = 413
 
 
 class UnsupportedMediaType(SplitInferError):
@@ -67,10 +75,19 @@ class Guard:
                 "(see docs/auth.md), or --no-auth for development on loopback"
             )
         self.verifier: Verifier | None = None
+        self.nonces: NonceStore | None = None
         if store is not None and not config.no_auth:
-            self.verifier = Verifier(store, window_s=config.auth_window_s)
+            if config.nonce_store:
+                self.nonces = RedisNonces(config.nonce_store)
+            self.verifier = Verifier(
+                store,
+                window_s=config.auth_window_s,
+                audiences=config.audience,
+                nonces=self.nonces,
+            )
         ov = config.overload
         self.limiter = RateLimiter(ov.device_rate, ov.burst, ov.max_devices)
+        self.budget = BodyBudget(config.max_inflight_bytes, config.max_device_inflight_bytes)
         self.wall = wall
         self.clock = clock
 
@@ -92,10 +109,67 @@ class Guard:
         self.limiter.check(device or remote, self.clock())
         return device
 
+    @contextlib.asynccontextmanager
+    async def incoming(self, request: web.Request, limit: int) -> AsyncIterator[tuple[str, bytes]]:
+        """``(device, body)`` of a request, checked as far as possible before the body is read.
+
+        The headers go through the signature pre-check (device, key, expiry,
+        window, audience, nonce) before a byte of the body is read; the body is
+        read into a reservation of bytes in flight for that device (503 beyond
+        it), held until the handler is done; then the signature over the body
+        and the rate limit are checked.
+        """
+        declared = request.content_length
+        if declared is not None and declared > limit:  # refuse before reading anything
+            raise BodyTooLarge(
+                f"request body of {declared} bytes is over the limit of {limit} bytes"
+            )
+        checked = None
+        if self.verifier is not None:
+            checked = self.verifier.precheck(
+                request.method, request.raw_path, request.headers, self.wall()
+            )
+            owner = checked.cred.device_id
+        else:
+            owner = request.headers.get(HEADER_DEVICE, "")[:64] or (request.remote or "")
+        timeout = request.app[CONFIG].body_timeout_s
+        with self.budget.reservation(owner) as held:
+            if declared is not None:
+                held.grow(declared)
+            body = await read_body(
+                request.content, declared=declared, limit=limit, timeout_s=timeout, grow=held.grow
+            )
+            if self.verifier is not None and checked is not None:
+                cred = self.verifier.finish(
+                    checked, request.method, request.raw_path, body, self.wall()
+                )
+                device = cred.device_id
+            else:
+                device = request.headers.get(HEADER_DEVICE, "")[:64]
+            self.limiter.check(device or (request.remote or ""), self.clock())
+            yield device, body
+
+    def close(self) -> None:
+        if isinstance(self.nonces, RedisNonces):
+            self.nonces.close()
+
+
+class ServerCounters:
+    """What the HTTP layer counts itself, in the engine's registry."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.aborted = Counter(
+            "splitinfer_aborted_uploads",
+            "Requests whose client closed the connection before its body was complete",
+            registry=metrics.registry,
+        )
+
 
 ENGINE = web.AppKey("engine", Engine)
 GUARD = web.AppKey("guard", Guard)
 CONFIG = web.AppKey("config", ServiceConfig)
+COUNTERS = web.AppKey("counters", ServerCounters)
+GATE = web.AppKey("gate", ConnectionGate)
 
 
 def build_app(
@@ -113,6 +187,7 @@ def build_app(
     app[CONFIG] = config
     app[ENGINE] = engine
     app[GUARD] = guard
+    app[COUNTERS] = ServerCounters(engine.metrics)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_shutdown.append(_closing)
     app.router.add_post("/v1/models/{model}/infer", infer)
@@ -133,6 +208,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     log.info("draining: %d requests queued", sum(b.queued for b in engine.batchers()))
     await engine.stop()
+    app[GUARD].close()
     log.info("stopped")
 
 
@@ -170,6 +246,7 @@ def _auth_kind(exc: AuthError) -> str:
         ("expired", "expired"),
         ("window", "stale"),
         ("unknown", "unknown"),
+        ("audience", "audience"),
     ):
         if needle in text:
             return kind
@@ -184,6 +261,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = await handler(request)
     except asyncio.CancelledError:
         raise
+    except ClientGone as exc:  # the client's doing: counted apart, no one to answer
+        log.debug("%s %s: %s", request.method, request.path, exc)
+        request.app[COUNTERS].aborted.inc()
+        return web.Response(status=exc.http_status)
     except Exception as exc:
         status, message, retry = _status_of(exc)
         if status >= 500 and not isinstance(exc, SplitInferError):
@@ -221,14 +302,6 @@ def _content_type(request: web.Request, wanted: str) -> None:
         )
 
 
-async def _body(request: web.Request) -> bytes:
-    limit = request.app[CONFIG].max_body_bytes
-    length = request.content_length
-    if length is not None and length > limit:  # refuse before reading anything
-        raise BodyTooLarge(f"request body of {length} bytes is over the limit of {limit} bytes")
-    return await request.read()  # aiohttp stops at client_max_size (413) when unsized
-
-
 def _priority(request: web.Request) -> int:
     return priority_of(request.headers.get(HEADER_PRIORITY))
 
@@ -244,11 +317,14 @@ def priority_of(raw: str | None) -> int:
 
 async def infer(request: web.Request) -> web.StreamResponse:
     _content_type(request, FRAME_TYPE)
-    body = await _body(request)
-    device = request.app[GUARD].check(request, body)
-    served = await request.app[ENGINE].infer(
-        request.match_info["model"], body, device=device, priority=_priority(request)
-    )
+    priority = _priority(request)
+    async with request.app[GUARD].incoming(request, request.app[CONFIG].max_body_bytes) as (
+        device,
+        body,
+    ):
+        served = await request.app[ENGINE].infer(
+            request.match_info["model"], body, device=device, priority=priority
+        )
     # Server-Timing lets the edge tell the network's share of its round trip from ours
     headers = {
         HEADER_VERSION: served.version,
@@ -257,10 +333,14 @@ async def infer(request: web.Request) -> web.StreamResponse:
     return web.Response(body=served.body, content_type=FRAME_TYPE, headers=headers)
 
 
+def _no_constant(name: str) -> Any:
+    raise ProtocolError(f"body: {name} is not JSON (inputs must be finite numbers)")
+
+
 def parse_infer_json(body: bytes) -> tuple[dict[str, Any], str, str]:
     """``(inputs, cut_id, model_version)`` of a JSON debugging request (see http-api.md)."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"body: not JSON ({exc})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("inputs"), dict):
@@ -273,25 +353,47 @@ def parse_infer_json(body: bytes) -> tuple[dict[str, Any], str, str]:
 
 async def infer_json(request: web.Request) -> web.StreamResponse:
     _content_type(request, JSON_TYPE)
-    body = await _body(request)
-    device = request.app[GUARD].check(request, body)
-    inputs, cut_id, version = parse_infer_json(body)
+    priority = _priority(request)
+    loop = asyncio.get_running_loop()
+    async with request.app[GUARD].incoming(request, request.app[CONFIG].max_json_bytes) as (
+        device,
+        body,
+    ):
+        # a large JSON body takes a while to parse: off the loop, so others are not stalled
+        inputs, cut_id, version = await loop.run_in_executor(None, parse_infer_json, body)
+        del body
     engine = request.app[ENGINE]
     model = request.match_info["model"]
     if not cut_id:
         cut_id = engine.registry.route(model, version, device).manifest.default_cut
     outputs, served = await engine.infer_arrays(
-        model, cut_id, inputs, version=version, device=device, priority=_priority(request)
+        model, cut_id, inputs, version=version, device=device, priority=priority
     )
-    return web.json_response(
-        {"outputs": {k: v.tolist() for k, v in outputs.items()}, "model_version": served},
-        headers={HEADER_VERSION: served},
-    )
+    doc = {"outputs": outputs, "model_version": served}
+    text = await loop.run_in_executor(None, json_answer, doc)
+    return web.Response(text=text, content_type=JSON_TYPE, headers={HEADER_VERSION: served})
+
+
+def json_answer(doc: Mapping[str, Any]) -> str:
+    """JSON text of an answer; NaN and infinity, which JSON cannot carry, are refused."""
+
+    def default(value: Any) -> Any:
+        if hasattr(value, "tolist"):
+            return value.tolist()
+        raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+    try:
+        return json.dumps(doc, default=default, allow_nan=False)
+    except ValueError:
+        raise ProtocolError(
+            "an output holds NaN or infinity, which JSON cannot carry; use the frame "
+            "endpoint /v1/models/{model}/infer"
+        ) from None
 
 
 async def reload(request: web.Request) -> web.StreamResponse:
-    body = await _body(request)
-    request.app[GUARD].check(request, body)
+    async with request.app[GUARD].incoming(request, request.app[CONFIG].max_json_bytes):
+        pass
     report = await request.app[ENGINE].reload(force=True)
     return web.json_response(report)
 
@@ -349,21 +451,27 @@ async def serve(
     if config.tls_cert:
         ssl_context = server_ssl_context(config.tls_cert, config.tls_key)
     app = build_app(config)
+    gate = ConnectionGate(config.max_connections, config.header_timeout_s)
+    app[GATE] = gate
     runner = web.AppRunner(
-        app, shutdown_timeout=config.drain_timeout_s, access_log=None, handle_signals=False
+        app,
+        shutdown_timeout=config.drain_timeout_s,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=config.keepalive_timeout_s,
+        lingering_time=min(2.0, config.body_timeout_s),
     )
     await runner.setup()
+    server = None
     try:
         host, port = config.host_port()
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         try:
-            await site.start()
+            server = await listen(runner, host, port, gate, ssl=ssl_context)
         except OSError as exc:
             raise ConfigError(f"listen={config.listen}: cannot listen: {exc.strerror}") from exc
-        bound = runner.addresses[0]
-        scheme = "https" if ssl_context else "http"
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        started(f"{scheme}://{shown}:{bound[1]}")
+        started(bound_url(server, "https" if ssl_context else "http"))
         await stop.wait()
     finally:
+        if server is not None:
+            server.close()
         await runner.cleanup()

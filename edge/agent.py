@@ -57,6 +57,7 @@ from splitinfer.edge.pipeline import Pipeline, Result
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
 from splitinfer.shared.auth import Credential, CredentialStore, client_ssl_context, sign
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
+from splitinfer.shared.serving import BodyBudget, ClientGone, read_body
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ H_LOCAL = "X-Splitinfer-Local"
 H_REASON = "X-Splitinfer-Local-Reason"
 H_PRIORITY = "X-Splitinfer-Priority"
 H_TRACE = "X-Splitinfer-Trace"
+#: Longest X-Splitinfer-Timeout-Ms accepted: one day (a deadline must fit the wire's u64 ms).
+MAX_TIMEOUT_MS = 86_400_000
 
 
 class QueueFull(OverloadError):
@@ -115,6 +118,8 @@ class AgentState:
     admission: Admission
     pipeline: Pipeline | None = None
     warm: dict[str, float] = field(default_factory=dict)
+    aborted: Any = None  # prometheus Counter, see _aborted
+    budget: BodyBudget = field(default_factory=lambda: BodyBudget(2**62, 2**62))
 
 
 STATE = web.AppKey("state", AgentState)
@@ -170,6 +175,7 @@ def create_app(
         ssl_context = client_ssl_context(config.ca_file)
     q = config.queue
     state = AgentState(config, model, EdgeMetrics(), Admission(q.max_concurrency, q.max_queue))
+    state.budget = BodyBudget(q.max_inflight_bytes, q.max_inflight_bytes)
     app = web.Application(client_max_size=q.max_body_bytes, middlewares=[_errors])
     app[STATE] = state
 
@@ -183,13 +189,20 @@ def create_app(
             session = make_session(
                 config.uplink.max_connections, config.uplink.connect_timeout_s, ssl_context
             )
-            links = [
-                HttpTransport(u, session, config.uplink.max_response_bytes) for u in config.cloud
-            ]
         signer = None
+        per_endpoint = None
         if credential is not None:
             cred = credential
-            signer = lambda m, p, b: sign(m, p, b, cred, wall())  # noqa: E731
+            if transports is None and config.uplink.sign_audience:
+                # each endpoint signs for itself: a frame for one cloud is refused by another
+                per_endpoint = lambda m, p, b, aud: sign(m, p, b, cred, wall(), audience=aud)  # noqa: E731
+            else:
+                signer = lambda m, p, b: sign(m, p, b, cred, wall())  # noqa: E731
+        if transports is None:
+            links = [
+                HttpTransport(u, session, config.uplink.max_response_bytes, per_endpoint)
+                for u in config.cloud
+            ]
         uplink = None
         if links:
             uplink = Uplink(
@@ -262,8 +275,8 @@ def _timeout(request: web.Request) -> float | None:
         ms = float(text)
     except ValueError:
         raise BadInput(f"{H_TIMEOUT}: {text!r} is not a number of milliseconds") from None
-    if not (math.isfinite(ms) and ms > 0):
-        raise BadInput(f"{H_TIMEOUT}: {text!r} must be milliseconds > 0")
+    if not (math.isfinite(ms) and 0 < ms <= MAX_TIMEOUT_MS):
+        raise BadInput(f"{H_TIMEOUT}: {text[:32]!r} must be milliseconds in (0, {MAX_TIMEOUT_MS}]")
     return ms / 1e3
 
 
@@ -272,11 +285,40 @@ async def infer(request: web.Request) -> web.StreamResponse:
     started = pipeline.now()
     timeout = _timeout(request)
     deadline = started + (timeout if timeout is not None else state.config.queue.request_timeout_s)
-    body = await request.read()
+    q = state.config.queue
+    declared = request.content_length
+    with state.budget.reservation("local") as held:
+        if declared is not None and declared <= q.max_body_bytes:
+            held.grow(declared)
+        body = await read_body(
+            request.content,
+            declared=declared,
+            limit=q.max_body_bytes,
+            timeout_s=q.body_timeout_s,
+            grow=held.grow,
+        )
+    return await _infer(request, state, pipeline, body, started, deadline)
+
+
+async def _infer(
+    request: web.Request,
+    state: AgentState,
+    pipeline: Pipeline,
+    body: bytes,
+    started: float,
+    deadline: float,
+) -> web.StreamResponse:
+    q = state.config.queue
     kind = body_kind(request.headers.get("Content-Type", ""), body)
-    # a picture is decoded and resized (milliseconds for a camera frame) off the event loop
-    # once admitted, so the admission bound covers that work too
-    raw = None if kind == "image" else parse_body(kind, body, state.model.manifest)
+    loop = asyncio.get_running_loop()
+    # bodies are decoded off the event loop (a large .npz or JSON takes a while, and a
+    # good request must not wait behind it); a picture, decoded and resized, only once
+    # admitted, so the admission bound covers that work too
+    raw = None
+    if kind != "image":
+        raw = await loop.run_in_executor(
+            None, parse_body, kind, body, state.model.manifest, q.max_body_bytes
+        )
     headers = {}
     if H_PRIORITY in request.headers:
         headers[H_PRIORITY] = request.headers[H_PRIORITY]
@@ -286,8 +328,8 @@ async def infer(request: web.Request) -> web.StreamResponse:
         state.metrics.in_flight.set(state.admission.running)
         try:
             if raw is None:
-                raw = await asyncio.get_running_loop().run_in_executor(
-                    None, parse_body, kind, body, state.model.manifest
+                raw = await loop.run_in_executor(
+                    None, parse_body, kind, body, state.model.manifest, q.max_body_bytes
                 )
             result = await pipeline.infer(
                 raw,
@@ -406,6 +448,19 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
+def _aborted(state: AgentState) -> Any:
+    """The counter of uploads the client abandoned mid-body (made on first use)."""
+    if state.aborted is None:
+        from prometheus_client import Counter
+
+        state.aborted = Counter(
+            "splitinfer_edge_aborted_uploads",
+            "Requests whose client closed the connection before its body was complete.",
+            registry=state.metrics.registry,
+        )
+    return state.aborted
+
+
 def error_response(status: int, message: str) -> web.Response:
     body = json_bytes({"error": " ".join(message.split()), "status": status})
     headers = {"Retry-After": "1"} if status in (429, 503) else {}
@@ -421,6 +476,10 @@ async def _errors(
     try:
         response: web.StreamResponse = await handler(request)
         return response
+    except ClientGone as exc:  # the client's doing: counted apart, no one to answer
+        log.debug("%s %s: %s", request.method, request.path, exc)
+        _aborted(state).inc()
+        return web.Response(status=exc.http_status)
     except SplitInferError as exc:
         if isinstance(exc, QueueFull):
             state.metrics.rejected.inc()

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from splitinfer import __version__
 from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args, load_toml
 from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.serving import ConnectionGate, bound_url, listen
 
 PROG = "edge-agent"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -82,31 +83,55 @@ def resolve(argv: Sequence[str] | None) -> tuple[EdgeConfig, argparse.Namespace]
     return config, args
 
 
-async def serve(config: EdgeConfig) -> None:
-    """Run the agent until SIGTERM/SIGINT; print the address it listens on."""
+async def serve(
+    config: EdgeConfig,
+    stop: asyncio.Event | None = None,
+    started: Callable[[str], None] | None = None,
+    app: Any = None,
+) -> None:
+    """Run the agent until ``stop`` is set (by default on SIGTERM/SIGINT).
+
+    ``started`` gets the URL it listens on (by default it is printed); ``app``
+    replaces the one built from ``config`` (tests).
+    """
     from aiohttp import web
 
     from splitinfer.edge.agent import create_app
 
-    app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    app = app if app is not None else create_app(config)
+    q = config.queue
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=q.keepalive_timeout_s,
+        lingering_time=min(2.0, q.body_timeout_s),
+    )
     await runner.setup()
     host, port = config.host_port
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    for addr in runner.addresses:
-        h, p = addr[0], addr[1]
-        shown = f"[{h}]" if ":" in h else h
-        print(f"{PROG}: listening on http://{shown}:{p}", file=sys.stderr, flush=True)
+    gate = ConnectionGate(q.max_connections, q.header_timeout_s)
+    try:
+        server = await listen(runner, host, port, gate)
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(f"listen={config.listen}: cannot listen: {exc.strerror}") from exc
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+    url = bound_url(server)
+    if started is not None:
+        started(url)
+    else:
+        print(f"{PROG}: listening on {url}", file=sys.stderr, flush=True)
     try:
         await stop.wait()
     finally:
-        print(f"{PROG}: stopping", file=sys.stderr, flush=True)
+        if started is None:
+            print(f"{PROG}: stopping", file=sys.stderr, flush=True)
+        server.close()
         await runner.cleanup()
 
 

@@ -107,6 +107,9 @@ class UplinkConfig:
     max_response_bytes: int = 64 * 2**20
     #: X-Splitinfer-Priority sent with every request (0..9; unset: the cloud's default, 5).
     priority: int | None = None
+    #: Bind each signature to its endpoint's URL (auth v2, X-Splitinfer-Audience); turn
+    #: off only to talk to a cloud-service older than auth v2 (docs/auth.md).
+    sign_audience: bool = True
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "connect_timeout_s", "backoff_max_s", "breaker_reset_s"):
@@ -210,9 +213,31 @@ class QueueConfig:
     #: under this many ms runs it on the event loop when no other request is computing:
     #: the hop to a worker thread and back costs more than that here. 0: always the pool.
     inline_below_ms: float = 1.0
+    #: Seconds a new connection to the local API may take to send its first request's
+    #: headers; then it is closed.
+    header_timeout_s: float = 10.0
+    #: Seconds a request body may take to arrive (then 408).
+    body_timeout_s: float = 30.0
+    #: Seconds an idle keep-alive connection (or one sending its next headers) is kept.
+    keepalive_timeout_s: float = 15.0
+    #: Connections to the local API open at once; more get 503 and are closed.
+    max_connections: int = 256
+    #: Request body bytes being read at once over all applications; beyond: 503.
+    max_inflight_bytes: int = 128 * 2**20
 
     def __post_init__(self) -> None:
         _at_least("queue.max_concurrency", self.max_concurrency, 1, "e.g. 4")
+        _at_least("queue.max_connections", self.max_connections, 1, "e.g. 256")
+        if isinstance(self.max_inflight_bytes, bool) or not (
+            isinstance(self.max_inflight_bytes, int)
+            and self.max_inflight_bytes >= self.max_body_bytes
+        ):
+            raise ConfigError(
+                f"queue.max_inflight_bytes={self.max_inflight_bytes!r} must be an integer >= "
+                f"queue.max_body_bytes={self.max_body_bytes}, or a largest body could never be read"
+            )
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            _positive(f"queue.{name}", getattr(self, name), "give seconds, e.g. 10")
         if isinstance(self.inline_below_ms, bool) or not (
             isinstance(self.inline_below_ms, (int, float))
             and math.isfinite(self.inline_below_ms)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import zipfile
 from collections.abc import Mapping
 from typing import Any
@@ -82,8 +83,17 @@ def body_kind(content_type: str, body: bytes) -> str:
     )
 
 
-def parse_body(kind: str, body: bytes, manifest: Manifest) -> dict[str, Array]:
-    """The raw arrays of a request body, by input name (not yet checked)."""
+def parse_body(
+    kind: str, body: bytes, manifest: Manifest, max_bytes: int = 64 * 2**20
+) -> dict[str, Array]:
+    """The raw arrays of a request body, by input name (not yet checked).
+
+    Nothing is allocated from what a header claims: an ``.npy`` header's shape
+    and dtype must account for exactly the bytes that follow it, and an
+    ``.npz`` whose members would inflate beyond ``max_bytes`` in all is refused
+    from the archive's directory, before anything is inflated (and a member is
+    never inflated past the size its directory entry states).
+    """
     if not body:
         raise BadInput("empty body; send the model's input as .npy, .npz or JSON")
     if kind == "npy":
@@ -93,9 +103,9 @@ def parse_body(kind: str, body: bytes, manifest: Manifest) -> dict[str, Array]:
                 f"a .npy body carries one array, the model takes {len(manifest.inputs)} "
                 f"inputs ({names}); send an .npz keyed by input name"
             )
-        return {manifest.inputs[0].name: _load_npy(body)}
+        return {manifest.inputs[0].name: _load_npy(body, max_bytes)}
     if kind == "npz":
-        return _load_npz(body)
+        return _load_npz(body, max_bytes)
     if kind == "json":
         return _load_json(body)
     if kind == "image":
@@ -129,26 +139,71 @@ def _load_image(body: bytes, manifest: Manifest) -> dict[str, Array]:
         raise BadInput(f"image body: {exc}") from None
 
 
-def _load_npy(body: bytes) -> Array:
+def _load_npy(body: bytes, max_bytes: int, where: str = "body") -> Array:
+    fp = io.BytesIO(body)
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fp)
+        if version == (1, 0):
+            shape, _fortran, dtype = fmt.read_array_header_1_0(fp)
+        elif version in ((2, 0), (3, 0)):
+            shape, _fortran, dtype = fmt.read_array_header_2_0(fp)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except (ValueError, OSError, EOFError, SyntaxError) as exc:
+        raise BadInput(f"{where} is not a valid .npy file ({_short(exc)})") from None
+    if dtype.hasobject:
+        raise BadInput(f"{where} is not a valid .npy file of numbers (it holds objects)")
+    try:
+        need = math.prod(shape) * dtype.itemsize
+    except (TypeError, OverflowError):
+        raise BadInput(f"{where}: .npy header shape {shape!r} is not a shape") from None
+    have = len(body) - fp.tell()
+    if need > max_bytes:
+        raise BadInput(
+            f"{where}: .npy header claims shape {list(shape)} {dtype} ({need} bytes), over the "
+            f"limit of {max_bytes} bytes"
+        )
+    if need != have:
+        raise BadInput(
+            f"{where}: .npy header claims shape {list(shape)} {dtype} ({need} bytes), but "
+            f"{have} bytes follow it"
+        )
     try:
         array = np.load(io.BytesIO(body), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise BadInput(f"body is not a valid .npy file ({_short(exc)})") from None
+        raise BadInput(f"{where} is not a valid .npy file ({_short(exc)})") from None
     if not isinstance(array, np.ndarray):
-        raise BadInput("body is not a single .npy array")
+        raise BadInput(f"{where} is not a single .npy array")
     return array
 
 
-def _load_npz(body: bytes) -> dict[str, Array]:
+def _load_npz(body: bytes, max_bytes: int) -> dict[str, Array]:
+    out: dict[str, Array] = {}
     try:
-        with np.load(io.BytesIO(body), allow_pickle=False) as archive:
-            if not isinstance(archive, np.lib.npyio.NpzFile):
-                raise BadInput("body is not an .npz archive")
-            return {name: archive[name] for name in archive.files}
+        with zipfile.ZipFile(io.BytesIO(body)) as archive:
+            members = archive.infolist()
+            total = sum(m.file_size for m in members)
+            if total > max_bytes:
+                raise BadInput(
+                    f"body: the .npz members inflate to {total} bytes, over the limit of "
+                    f"{max_bytes} bytes"
+                )
+            for member in members:
+                name = member.filename
+                if not name.endswith(".npy") or member.is_dir():
+                    raise BadInput(f"body: .npz member {name[:64]!r} is not an .npy file")
+                with archive.open(member) as stream:
+                    # ZipExtFile inflates at most the entry's file_size (then checks the CRC)
+                    data = stream.read(member.file_size)
+                    if stream.read(1):
+                        raise BadInput(f"body: .npz member {name[:64]!r} is longer than stated")
+                out[name[: -len(".npy")]] = _load_npy(data, max_bytes, f".npz member {name!r}")
     except BadInput:
         raise
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, RuntimeError) as exc:
         raise BadInput(f"body is not a valid .npz archive ({_short(exc)})") from None
+    return out
 
 
 def _load_json(body: bytes) -> dict[str, Any]:
@@ -182,6 +237,8 @@ def check_inputs(manifest: Manifest, raw: Mapping[str, Any]) -> dict[str, Array]
     for spec in manifest.inputs:
         array = _as_dtype(raw[spec.name], spec)
         _check_shape(array, spec, manifest.batch_dim, symbols)
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            raise BadInput(f"input {spec.name!r}: holds NaN or infinity; send finite values")
         out[spec.name] = array
     return out
 

@@ -133,10 +133,19 @@ def make_session(
 class HttpTransport:
     """One cloud endpoint over a shared aiohttp ``ClientSession``."""
 
-    def __init__(self, base_url: str, session: object, max_response_bytes: int) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        session: object,
+        max_response_bytes: int,
+        signer: Callable[[str, str, bytes, str], Mapping[str, str]] | None = None,
+    ) -> None:
         self.name = base_url.rstrip("/")
         self._session = session
         self._max = max_response_bytes
+        # signs each POST for this endpoint: (method, path, body, audience) -> headers,
+        # the audience being this endpoint's base URL (auth v2, docs/auth.md)
+        self._signer = signer
 
     async def request(
         self,
@@ -152,6 +161,8 @@ class HttpTransport:
         assert isinstance(session, aiohttp.ClientSession)
         url = self.name + path
         timeout = aiohttp.ClientTimeout(total=timeout_s)
+        if self._signer is not None and method == "POST":
+            headers = {**headers, **self._signer(method, path, body, self.name)}
         try:
             async with session.request(
                 method, url, data=body or None, headers=dict(headers), timeout=timeout

@@ -250,8 +250,11 @@ def write_package(
             raise PackageError(
                 f"{out_dir}: exists and is not a split package; refusing to overwrite it"
             )
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    except OSError as exc:
+        raise PackageError(f"{out_dir}: cannot write there ({exc.strerror or exc})") from None
     try:
         entries = []
         for i, art in enumerate(arts):

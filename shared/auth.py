@@ -15,8 +15,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import heapq
 import hmac
+import logging
+import os
 import re
 import secrets
 import ssl
@@ -24,15 +25,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
+
+if TYPE_CHECKING:
+    from splitinfer.shared.nonces import NonceStore
+
+log = logging.getLogger("splitinfer.auth")
 
 HEADER_DEVICE = "X-Splitinfer-Device"
 HEADER_KEY = "X-Splitinfer-Key"
 HEADER_TIMESTAMP = "X-Splitinfer-Timestamp"
 HEADER_NONCE = "X-Splitinfer-Nonce"
 HEADER_SIGNATURE = "X-Splitinfer-Signature"
+HEADER_AUDIENCE = "X-Splitinfer-Audience"  # auth v2: the service the request is for
 HEADERS = (HEADER_DEVICE, HEADER_KEY, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE)
 
 #: Shortest secret accepted from a credential file (bytes).
@@ -43,6 +50,8 @@ _NONCE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
 _METHOD = re.compile(r"[A-Z]{1,16}")
+#: printable ASCII without spaces (a URL or a name), at most 256 characters
+_AUDIENCE = re.compile(r"[!-~]{1,256}")
 
 
 class AuthError(SplitInferError):
@@ -89,6 +98,7 @@ class CredentialStore:
         import tomllib
 
         path = Path(path)
+        _check_private(path)
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
@@ -105,6 +115,22 @@ class CredentialStore:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+
+def _check_private(path: Path) -> None:
+    """Warn loudly, as ssh does, when a credential file is readable by group or others."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # reading it fails next, with the reason
+    if os.name == "posix" and mode & 0o077:
+        log.warning(
+            "%s: credential file is accessible by group or others (mode %04o): anyone on this "
+            "machine can read the device secrets; chmod 600 %s",
+            path,
+            mode & 0o777,
+            path,
+        )
 
 
 def _parse(data: dict[str, Any], src: str) -> list[Credential]:
@@ -205,10 +231,26 @@ def render_toml(cred: Credential) -> str:
     return "\n".join(lines) + "\n"
 
 
-def canonical_string(method: str, path: str, timestamp: str, nonce: str, body: bytes) -> bytes:
-    """What is signed: method, path, timestamp, nonce and body digest, one per line."""
-    digest = hashlib.sha256(body).hexdigest()
-    return f"{method.upper()}\n{path}\n{timestamp}\n{nonce}\n{digest}".encode()
+def canonical_string(
+    method: str,
+    path: str,
+    timestamp: str,
+    nonce: str,
+    body: bytes,
+    audience: str | None = None,
+    *,
+    digest: str | None = None,
+) -> bytes:
+    """What is signed: method, path, timestamp, nonce, body digest (and audience), one per line.
+
+    Without ``audience`` this is the auth v1 string (five lines); with it, v2
+    appends the audience as a sixth line (see docs/auth.md).
+    """
+    digest = hashlib.sha256(body).hexdigest() if digest is None else digest
+    text = f"{method.upper()}\n{path}\n{timestamp}\n{nonce}\n{digest}"
+    if audience is not None:
+        text += f"\n{audience}"
+    return text.encode()
 
 
 def _mac(secret: bytes, message: bytes) -> str:
@@ -222,8 +264,14 @@ def sign(
     credential: Credential,
     now: float,
     nonce: str | None = None,
+    audience: str | None = None,
 ) -> dict[str, str]:
-    """The headers that authenticate one request (``path`` includes any query string)."""
+    """The headers that authenticate one request (``path`` includes any query string).
+
+    ``audience`` (auth v2): the service the request is meant for, e.g. the
+    endpoint's base URL; sent as ``X-Splitinfer-Audience`` and signed, so a
+    service configured with another audience refuses the request.
+    """
     nonce = secrets.token_hex(16) if nonce is None else nonce
     if not _METHOD.fullmatch(method.upper()):
         raise AuthError(f"method {method[:16]!r} is not an HTTP method")
@@ -231,90 +279,150 @@ def sign(
         raise AuthError(f"nonce must match {_NONCE.pattern}")
     if "\n" in path or "\r" in path:
         raise AuthError("path must not contain a line break")
+    if audience is not None and not _AUDIENCE.fullmatch(audience):
+        raise AuthError(f"audience {audience[:64]!r} must match {_AUDIENCE.pattern}")
     timestamp = str(int(now))
-    message = canonical_string(method, path, timestamp, nonce, body)
-    return {
+    message = canonical_string(method, path, timestamp, nonce, body, audience)
+    headers = {
         HEADER_DEVICE: credential.device_id,
         HEADER_KEY: credential.key_id,
         HEADER_TIMESTAMP: timestamp,
         HEADER_NONCE: nonce,
         HEADER_SIGNATURE: _mac(credential.secret, message),
     }
+    if audience is not None:
+        headers[HEADER_AUDIENCE] = audience
+    return headers
+
+
+def audience_of(url: str) -> str:
+    """The audience an endpoint's base URL stands for: the URL without a trailing slash."""
+    return url.rstrip("/")
+
+
+class _Checked:
+    """A request whose headers passed :meth:`Verifier.precheck`; the body is still to come."""
+
+    __slots__ = ("audience", "cred", "nonce", "signature", "timestamp")
+
+    def __init__(
+        self, cred: Credential, timestamp: str, nonce: str, signature: str, audience: str | None
+    ) -> None:
+        self.cred = cred
+        self.timestamp = timestamp
+        self.nonce = nonce
+        self.signature = signature
+        self.audience = audience
+
+
+#: The one 401 reason for an unknown device or an unknown key: a prober cannot
+#: tell which device ids exist.
+UNKNOWN_CREDENTIAL = "unknown device or key"
 
 
 class Verifier:
     """Checks signed requests against a store; remembers nonces to refuse replays.
 
     A request is accepted when its timestamp is within ``window_s`` of ``now``,
-    so a nonce is remembered until its timestamp plus ``window_s``. At most
-    ``max_nonces`` are held; when all are still needed, requests are refused
-    with :class:`ReplayCacheFullError` (503) instead of growing the cache.
+    so a nonce is remembered until its timestamp plus ``window_s``. The
+    per-process store holds at most ``max_nonces``; when all are still needed,
+    requests are refused with :class:`ReplayCacheFullError` (503) instead of
+    growing the cache. ``nonces`` replaces that store (e.g. ``shared.nonces.RedisNonces``,
+    shared by replicas). ``audiences``, when given, are the only
+    ``X-Splitinfer-Audience`` values accepted, and the header is then required.
+
+    :meth:`precheck` checks everything the headers alone can tell (before the
+    body is read); :meth:`finish` checks the signature over the body and
+    remembers the nonce; :meth:`verify` does both.
     """
 
     def __init__(
-        self, store: CredentialStore, window_s: float = 30, max_nonces: int = 100_000
+        self,
+        store: CredentialStore,
+        window_s: float = 30,
+        max_nonces: int = 100_000,
+        *,
+        audiences: Iterable[str] = (),
+        nonces: NonceStore | None = None,
     ) -> None:
         if window_s <= 0:
             raise ConfigError(f"window_s={window_s}: must be positive")
-        if max_nonces < 1:
-            raise ConfigError(f"max_nonces={max_nonces}: must be at least 1")
         self.store = store
         self.window_s = float(window_s)
-        self.max_nonces = max_nonces
-        self._seen: dict[tuple[str, str], float] = {}
-        self._expiry: list[tuple[float, tuple[str, str]]] = []
+        self.audiences = frozenset(audience_of(a) for a in audiences)
+        from splitinfer.shared.nonces import MemoryNonces
+
+        self.nonces: NonceStore = nonces if nonces is not None else MemoryNonces(max_nonces)
         # Latest `now` used to evict: a request older than this minus the window
         # is refused even if the clock steps back, as its nonce may be forgotten.
         self._horizon = float("-inf")
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return len(self.nonces)  # type: ignore[arg-type]
 
     def verify(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, now: float
     ) -> Credential:
         """The credential that signed this request, or :class:`AuthError` saying why not."""
+        return self.finish(self.precheck(method, path, headers, now), method, path, body, now)
+
+    def precheck(self, method: str, path: str, headers: Mapping[str, str], now: float) -> _Checked:
+        """Headers, credential, expiry, window, audience and nonce: all but the signature."""
         values = _headers(headers)
         device_id, key_id = values[HEADER_DEVICE], values[HEADER_KEY]
         timestamp, nonce = values[HEADER_TIMESTAMP], values[HEADER_NONCE]
+        audience = values.get(HEADER_AUDIENCE)
         if not _METHOD.fullmatch(method.upper()):
             raise AuthError(f"method {method[:16]!r} is not an HTTP method")
         if "\n" in path or "\r" in path:
             raise AuthError("path contains a line break")
         cred = self.store.get(device_id, key_id)
         if cred is None:
-            if self.store.has_device(device_id):
-                raise AuthError(f"unknown key {key_id!r} for device {device_id!r}")
-            raise AuthError(f"unknown device {device_id!r}")
+            raise AuthError(UNKNOWN_CREDENTIAL)
         if cred.expired(now):
             raise AuthError(f"key {key_id!r} of device {device_id!r} has expired")
         ts = int(timestamp)
         if abs(ts - now) > self.window_s or ts + self.window_s < self._horizon:
             raise AuthError(f"timestamp {ts} is outside the {self.window_s:g} s window")
-        expected = _mac(cred.secret, canonical_string(method, path, timestamp, nonce, body))
-        if not hmac.compare_digest(expected.encode(), values[HEADER_SIGNATURE].encode()):
-            raise AuthError("signature does not match")
-        self._remember((device_id, nonce), ts + self.window_s, now)
-        return cred
+        if self.audiences:
+            if audience is None:
+                raise AuthError(
+                    f"header {HEADER_AUDIENCE} is missing: this service accepts only "
+                    "signatures bound to its audience (auth v2, docs/auth.md)"
+                )
+            if audience_of(audience) not in self.audiences:
+                raise AuthError(f"audience {audience!r} is not this service (wrong audience)")
+        if self.nonces.seen((device_id, nonce)):
+            raise AuthError(f"nonce {nonce!r} was already used (replay)")
+        return _Checked(cred, timestamp, nonce, values[HEADER_SIGNATURE], audience)
 
-    def _remember(self, ident: tuple[str, str], expires: float, now: float) -> None:
+    def finish(
+        self,
+        checked: _Checked,
+        method: str,
+        path: str,
+        body: bytes,
+        now: float,
+        *,
+        digest: str | None = None,
+    ) -> Credential:
+        """The signature over the body (or its sha256 ``digest``), then the nonce."""
+        cred = checked.cred
+        message = canonical_string(
+            method, path, checked.timestamp, checked.nonce, body, checked.audience, digest=digest
+        )
+        expected = _mac(cred.secret, message)
+        if not hmac.compare_digest(expected.encode(), checked.signature.encode()):
+            raise AuthError("signature does not match")
         self._horizon = max(self._horizon, now)
-        while self._expiry and self._expiry[0][0] < self._horizon:
-            _, old = heapq.heappop(self._expiry)
-            del self._seen[old]
-        if ident in self._seen:
-            raise AuthError(f"nonce {ident[1]!r} was already used (replay)")
-        if len(self._seen) >= self.max_nonces:
-            raise ReplayCacheFullError(
-                f"replay cache full ({self.max_nonces} nonces within the window); retry later"
-            )
-        self._seen[ident] = expires
-        heapq.heappush(self._expiry, (expires, ident))
+        expires = int(checked.timestamp) + self.window_s
+        self.nonces.add((cred.device_id, checked.nonce), expires, self._horizon)
+        return cred
 
 
 def _headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The five auth headers, looked up case-insensitively; each once and well formed."""
-    wanted = {name.lower(): name for name in HEADERS}
+    """The auth headers, looked up case-insensitively; each once and well formed."""
+    wanted = {name.lower(): name for name in (*HEADERS, HEADER_AUDIENCE)}
     found: dict[str, str] = {}
     for name, value in headers.items():
         canonical = wanted.get(name.lower())
@@ -335,6 +443,8 @@ def _headers(headers: Mapping[str, str]) -> dict[str, str]:
             raise AuthError(f"header {name} is missing")
         if not pattern.fullmatch(found[name]):
             raise AuthError(f"header {name} is malformed (must match {pattern.pattern})")
+    if HEADER_AUDIENCE in found and not _AUDIENCE.fullmatch(found[HEADER_AUDIENCE]):
+        raise AuthError(f"header {HEADER_AUDIENCE} is malformed (must match {_AUDIENCE.pattern})")
     return found
 
 

@@ -305,7 +305,12 @@ class Int8ZstdCodec:
             )
         try:
             claimed = zstandard.get_frame_parameters(data).content_size
-            if claimed not in (expected, zstandard.CONTENTSIZE_UNKNOWN):
+            if claimed == zstandard.CONTENTSIZE_UNKNOWN:
+                raise CodecError(
+                    f"{self.name}: zstd frame does not state its content size (the wire "
+                    f"format requires it: {expected} bytes)"
+                )
+            if claimed != expected:
                 raise CodecError(
                     f"{self.name}: zstd frame claims {claimed} bytes, expected {expected}"
                 )

@@ -30,7 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from splitinfer.shared.codecs import RAW, Array, Codec, QuantParams, dtype_name, get_codec
+from splitinfer.shared.codecs import (
+    RAW,
+    Array,
+    Codec,
+    QuantParams,
+    default_codecs,
+    dtype_name,
+    get_codec,
+)
 from splitinfer.shared.errors import CodecError, ConfigError, ProtocolError
 from splitinfer.shared.manifest import Manifest, QuantSpec, TensorSpec
 
@@ -208,10 +216,16 @@ def decode_request(
     manifest: Manifest,
     limits: Limits,
     codecs: Mapping[int, Codec] | None = None,
+    *,
+    strict_codec: bool = False,
+    finite: bool = False,
 ) -> Request:
     """Parse and validate a request frame against the manifest's cut tensors.
 
     ``data`` may be the frame's :class:`RequestHead` (from :func:`read_request_head`).
+    ``strict_codec``: every tensor must travel in the cut's codec (the manifest's
+    ``codec.name``), or raw where that codec cannot carry its dtype.
+    ``finite``: a float tensor holding NaN or infinity is refused.
     """
     try:
         if isinstance(data, RequestHead):
@@ -242,9 +256,16 @@ def decode_request(
             clip=_amount(privacy, "clip", "frame.privacy"),
             epsilon=_amount(privacy, "epsilon", "frame.privacy"),
         )
+        want = _cut_codec(cut.codec.name, codecs) if strict_codec else None
         tensors = _tensors(
-            header["tensors"], view, end, manifest, cut.tensors, limits, codecs, cut.quant
+            header["tensors"], view, end, manifest, cut.tensors, limits, codecs, cut.quant, want
         )
+        if finite:
+            for i, t in enumerate(tensors):
+                if t.array.dtype.kind in "fc" and not np.isfinite(t.array).all():
+                    raise ProtocolError(
+                        f"frame.tensors[{i}].payload: {t.name!r} holds NaN or infinity"
+                    )
     except (ProtocolError, CodecError):
         raise
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error) as exc:
@@ -391,6 +412,7 @@ def _tensors(
     limits: Limits,
     codecs: Mapping[int, Codec] | None,
     calibrated: Mapping[str, QuantSpec] | None = None,
+    want: Codec | None = None,
 ) -> tuple[WireTensor, ...]:
     """Validate every tensor header, then decode the payloads."""
     names = [s.name for s in specs]
@@ -419,6 +441,13 @@ def _tensors(
             raise ProtocolError(f"{where}.codec: {exc}") from exc
         if spec.dtype not in codec.dtypes:
             raise ProtocolError(f"{where}.codec: {codec.name} cannot carry {spec.dtype}")
+        if want is not None:
+            allowed = want if spec.dtype in want.dtypes else get_codec(RAW, codecs)
+            if codec.id != allowed.id:
+                raise ProtocolError(
+                    f"{where}.codec: {codec.name} is not the cut's codec ({allowed.name}, "
+                    "from the manifest)"
+                )
         ref = meta["quant"] == QUANT_FROM_MANIFEST and codec.needs_params
         quant: QuantParams | None
         if ref:
@@ -437,6 +466,14 @@ def _tensors(
             raise CodecError(f"frame.tensors[{i}].payload: {exc}") from exc
         tensors.append(WireTensor(names[i], array, codec.id, quant, ref))
     return tuple(tensors)
+
+
+def _cut_codec(name: str, codecs: Mapping[int, Codec] | None) -> Codec:
+    registry = default_codecs() if codecs is None else codecs
+    for codec in registry.values():
+        if codec.name == name:
+            return codec
+    raise ProtocolError(f"the cut's codec {name!r} is not known here")
 
 
 def _shape(

@@ -109,6 +109,7 @@ def config(repo: Path, **kw: object) -> ServiceConfig:
     models = kw.pop("models", {})
     kw.setdefault("no_auth", "credentials" not in kw)
     kw.setdefault("listen", "127.0.0.1:0")
+    kw.setdefault("accept_raw", True)  # frame() below sends every tensor raw
     return ServiceConfig(
         repository=str(repo),
         batching=batching,  # type: ignore[arg-type]

@@ -11,11 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from splitinfer.shared.auth import (
+    HEADER_AUDIENCE,
     HEADER_DEVICE,
     HEADER_KEY,
     HEADER_NONCE,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
+    UNKNOWN_CREDENTIAL,
     AuthError,
     Credential,
     CredentialStore,
@@ -157,13 +159,51 @@ def test_bad_method_and_path_are_refused_when_signing() -> None:
         sign("POST", PATH, BODY, CAM, NOW, nonce="a:b")
 
 
-def test_unknown_device_and_unknown_key() -> None:
+def test_unknown_device_and_unknown_key_get_one_message() -> None:
+    """A prober cannot tell which device ids exist from the 401's reason."""
     stranger = Credential("cam-99", "k1", b"\x01" * 32)
-    with pytest.raises(AuthError, match="unknown device 'cam-99'"):
-        Verifier(store()).verify("POST", PATH, sign("POST", PATH, BODY, stranger, NOW), BODY, NOW)
     lost = Credential("cam-01", "k9", b"\x01" * 32)
-    with pytest.raises(AuthError, match="unknown key 'k9' for device 'cam-01'"):
-        Verifier(store()).verify("POST", PATH, sign("POST", PATH, BODY, lost, NOW), BODY, NOW)
+    reasons = []
+    for cred in (stranger, lost):
+        with pytest.raises(AuthError) as info:
+            Verifier(store()).verify("POST", PATH, sign("POST", PATH, BODY, cred, NOW), BODY, NOW)
+        reasons.append(str(info.value))
+    assert reasons == [UNKNOWN_CREDENTIAL, UNKNOWN_CREDENTIAL]
+    assert "cam" not in UNKNOWN_CREDENTIAL
+
+
+def test_precheck_refuses_from_the_headers_alone() -> None:
+    """Everything but the body's digest is checked before the body exists."""
+    verifier = Verifier(store(), window_s=30)
+    headers = sign("POST", PATH, BODY, CAM, NOW, nonce=nonce(1))
+    checked = verifier.precheck("POST", PATH, headers, NOW)
+    assert verifier.finish(checked, "POST", PATH, BODY, NOW) == CAM
+    with pytest.raises(AuthError, match="replay"):  # a used nonce: refused before the body
+        verifier.precheck("POST", PATH, headers, NOW)
+    with pytest.raises(AuthError, match="window"):
+        verifier.precheck("POST", PATH, sign("POST", PATH, BODY, CAM, NOW - 60), NOW)
+    fresh = verifier.precheck("POST", PATH, sign("POST", PATH, BODY, CAM, NOW), NOW)
+    with pytest.raises(AuthError, match="signature"):
+        verifier.finish(fresh, "POST", PATH, BODY + b"x", NOW)
+
+
+def test_a_signature_bound_to_one_audience_is_refused_by_another() -> None:
+    a = Verifier(store(), audiences=["http://cloud-a:8080"])
+    b = Verifier(store(), audiences=["http://cloud-b:8080/"])
+    headers = sign("POST", PATH, BODY, CAM, NOW, audience="http://cloud-a:8080")
+    assert headers[HEADER_AUDIENCE] == "http://cloud-a:8080"
+    with pytest.raises(AuthError, match="wrong audience"):
+        b.verify("POST", PATH, headers, BODY, NOW)
+    assert a.verify("POST", PATH, headers, BODY, NOW) == CAM
+    # relabelling the audience header breaks the signature
+    forged = {**sign("POST", PATH, BODY, CAM, NOW, audience="http://cloud-a:8080")}
+    forged[HEADER_AUDIENCE] = "http://cloud-b:8080"
+    with pytest.raises(AuthError, match="signature does not match"):
+        b.verify("POST", PATH, forged, BODY, NOW)
+    # a bound service refuses v1 (unbound) signatures; an unbound one still takes them
+    with pytest.raises(AuthError, match="Audience is missing"):
+        a.verify("POST", PATH, sign("POST", PATH, BODY, CAM, NOW), BODY, NOW)
+    assert Verifier(store()).verify("POST", PATH, sign("POST", PATH, BODY, CAM, NOW), BODY, NOW)
 
 
 def test_other_devices_secret_does_not_sign_for_this_device() -> None:
@@ -484,3 +524,19 @@ def test_client_context_errors(pem: dict[str, Path], name: str, message: str) ->
     with pytest.raises(ConfigError, match=message) as info:
         client_ssl_context(pem["cert"].parent / f"{name}.pem")
     assert "\n" not in str(info.value)
+
+
+def test_a_credential_file_readable_by_others_is_warned_about_loudly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "creds.toml"
+    path.write_text(render_toml(CAM))
+    path.chmod(0o644)
+    with caplog.at_level("WARNING", logger="splitinfer.auth"):
+        CredentialStore.from_file(path)
+    assert any("chmod 600" in r.getMessage() and "0644" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    path.chmod(0o600)
+    with caplog.at_level("WARNING", logger="splitinfer.auth"):
+        CredentialStore.from_file(path)
+    assert not caplog.records

@@ -1,0 +1,297 @@
+"""What both daemons do to their listening sockets: a connection cap, a header
+timeout, and a body read that is bounded in bytes and time.
+
+aiohttp already closes a connection whose next request's headers are not
+complete ``keepalive_timeout`` seconds after it opened or after its previous
+answer (``keepalive_timeout`` is a ``web.AppRunner`` handler argument). What it
+lacks is a cap on connections and a bound on the first request's headers that
+is shorter than the keep-alive: :class:`ConnectionGate` wraps aiohttp's
+protocol factory with both. A connection beyond the cap gets one plain
+``503`` with ``Retry-After`` and is closed before aiohttp sees it; a
+connection whose first request's headers (up to the blank line) do not arrive
+within ``header_timeout_s`` is aborted.
+
+:func:`read_body` reads a request body incrementally under a size limit and a
+deadline (a slow sender is cut off, not waited for), and turns a client that
+goes away mid-body into :class:`ClientGone`, after releasing what was read.
+:class:`BodyBudget` bounds the body bytes being read at once, per client and
+overall: a sized body reserves its Content-Length before the first byte is
+read, an unsized one grows its reservation chunk by chunk, and a reservation
+that does not fit is refused with :class:`InFlightFull` (503 + Retry-After);
+it is released as soon as the request is done, whatever happened to it.
+Only asyncio and duck-typed streams here; aiohttp stays in the daemons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from splitinfer.shared.errors import OverloadError, ProtocolError, SplitInferError
+
+_REFUSAL_BODY = b'{"error": "too many connections open; retry shortly", "status": 503}'
+#: What a connection beyond the cap gets before it is closed.
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_REFUSAL_BODY)}\r\n\r\n".encode()
+    + _REFUSAL_BODY
+)
+_HEAD_END = b"\r\n\r\n"
+
+
+class ClientGone(SplitInferError):
+    """The client closed its connection before its request body was complete.
+
+    Its own doing: no traceback, not a 5xx. The daemons count it apart
+    (``splitinfer_aborted_uploads``) and answer nothing (no one is listening).
+    """
+
+    http_status = 499
+
+
+class BodyTimeout(ProtocolError):
+    """The request body did not arrive within the body read timeout (HTTP 408)."""
+
+    http_status = 408
+
+
+class BodyTooLarge(SplitInferError):
+    http_status = 413
+
+
+class InFlightFull(OverloadError):
+    """Too many request body bytes are being read at once (HTTP 503)."""
+
+    http_status = 503
+    retry_after = 1.0
+
+
+class BodyBudget:
+    """At most ``total`` bytes in flight, ``per_device`` of them for one device."""
+
+    def __init__(self, total: int, per_device: int) -> None:
+        self.total = total
+        self.per_device = per_device
+        self.used = 0
+        self.peak = 0
+        self._by_device: dict[str, int] = {}
+
+    def reservation(self, device: str) -> Reservation:
+        return Reservation(self, device)
+
+    def _take(self, device: str, n: int) -> None:
+        held = self._by_device.get(device, 0)
+        if held + n > self.per_device:
+            raise InFlightFull(
+                f"device {device!r} has {held + n} request bytes in flight, over "
+                f"max_device_inflight_bytes={self.per_device}; retry shortly"
+            )
+        if self.used + n > self.total:
+            raise InFlightFull(
+                f"{self.used} request bytes are in flight, no room for {n} more "
+                f"(max_inflight_bytes={self.total}); retry shortly"
+            )
+        self._by_device[device] = held + n
+        self.used += n
+        self.peak = max(self.peak, self.used)
+
+    def _give(self, device: str, n: int) -> None:
+        left = self._by_device.get(device, 0) - n
+        if left > 0:
+            self._by_device[device] = left
+        else:
+            self._by_device.pop(device, None)
+        self.used -= n
+
+    def held(self, device: str) -> int:
+        return self._by_device.get(device, 0)
+
+
+class Reservation:
+    """One request's share of a :class:`BodyBudget`; a context manager that gives it back."""
+
+    def __init__(self, budget: BodyBudget, device: str) -> None:
+        self.budget = budget
+        self.device = device
+        self.size = 0
+
+    def grow(self, n: int) -> None:
+        self.budget._take(self.device, n)
+        self.size += n
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.size:
+            self.budget._give(self.device, self.size)
+            self.size = 0
+
+
+class Stream(Protocol):
+    """What :func:`read_body` needs of aiohttp's ``request.content``."""
+
+    async def readany(self) -> bytes: ...
+
+    def at_eof(self) -> bool: ...
+
+
+async def read_body(
+    content: Stream,
+    *,
+    declared: int | None,
+    limit: int,
+    timeout_s: float,
+    grow: Callable[[int], None] | None = None,
+) -> bytes:
+    """The whole body, at most ``limit`` bytes, within ``timeout_s`` seconds.
+
+    ``declared`` is the Content-Length (None when chunked): a body declared
+    over the limit is refused before a byte is read, and a sized body is read
+    into one preallocated buffer. ``grow(n)`` is called before each chunk of an
+    unsized body is kept, so that the caller can account for (and refuse) it.
+    A client gone mid-body raises :class:`ClientGone`; too slow a one
+    :class:`BodyTimeout`; in both cases what was read is released first.
+    """
+    if declared is not None and declared > limit:
+        raise BodyTooLarge(f"request body of {declared} bytes is over the limit of {limit} bytes")
+    buf = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                chunk = await content.readany()
+                if not chunk:
+                    break
+                if len(buf) + len(chunk) > limit:
+                    raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
+                if grow is not None and declared is None:
+                    grow(len(chunk))
+                buf += chunk
+    except TimeoutError:
+        buf.clear()
+        raise BodyTimeout(
+            f"request body not received within {timeout_s:g} s (body_timeout_s)"
+        ) from None
+    except (ConnectionError, OSError) as exc:
+        buf.clear()
+        raise ClientGone(f"client went away mid-body: {type(exc).__name__}") from None
+    except BaseException as exc:
+        buf.clear()
+        if _is_payload_error(exc):  # aiohttp's RequestPayloadError (truncated body)
+            raise ClientGone(f"client went away mid-body: {exc}") from None
+        raise
+    if declared is not None and len(buf) != declared:
+        buf.clear()
+        raise ClientGone(f"client sent {len(buf)} of its {declared} bytes")
+    return bytes(buf)
+
+
+def _is_payload_error(exc: BaseException) -> bool:
+    return type(exc).__name__ in ("RequestPayloadError", "ContentLengthError")
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: counted against the cap, its first request's headers timed."""
+
+    def __init__(self, gate: ConnectionGate, inner: Any) -> None:
+        self.gate = gate
+        self.inner = inner
+        self.admitted = False
+        self.transport: asyncio.Transport | None = None
+        self._tail = b""
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        gate = self.gate
+        if gate.open >= gate.max_connections:
+            gate.refused += 1
+            transport.write(REFUSAL)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        self.admitted = True
+        gate.open += 1
+        gate.peak = max(gate.peak, gate.open)
+        if gate.header_timeout_s > 0:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(gate.header_timeout_s, self._too_slow)
+        self.inner.connection_made(transport)
+
+    def _too_slow(self) -> None:
+        self._timer = None
+        self.gate.timed_out += 1
+        if self.transport is not None:
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.admitted:
+            return
+        if self._timer is not None:
+            head = self._tail + data
+            if _HEAD_END in head:
+                self._timer.cancel()
+                self._timer = None
+                self._tail = b""
+            else:
+                self._tail = head[-3:]
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if not self.admitted:
+            return None
+        result: bool | None = self.inner.eof_received()
+        return result
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.admitted:
+            return
+        self.admitted = False
+        self.gate.open -= 1
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.admitted:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.admitted:
+            self.inner.resume_writing()
+
+
+class ConnectionGate:
+    """Wraps a protocol factory (aiohttp's ``runner.server``) with a cap and a header timeout."""
+
+    def __init__(self, max_connections: int, header_timeout_s: float) -> None:
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.open = 0
+        self.peak = 0
+        self.refused = 0
+        self.timed_out = 0
+
+    def wrap(self, factory: Callable[[], Any]) -> Callable[[], asyncio.Protocol]:
+        return lambda: _Guarded(self, factory())
+
+
+async def listen(
+    runner: Any, host: str, port: int, gate: ConnectionGate, ssl: Any = None
+) -> asyncio.Server:
+    """Listen on ``host:port`` with ``runner``'s aiohttp server behind ``gate``.
+
+    Used instead of ``web.TCPSite`` (which takes aiohttp's factory as it is);
+    close the returned server before ``runner.cleanup()``.
+    """
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(gate.wrap(runner.server), host, port, ssl=ssl, backlog=512)
+
+
+def bound_url(server: asyncio.Server, scheme: str = "http") -> str:
+    """``scheme://host:port`` of the first socket ``server`` listens on."""
+    host, port = server.sockets[0].getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}"
