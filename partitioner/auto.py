@@ -36,12 +36,14 @@ from splitinfer.partitioner.calibration import (
     synthetic_calibration,
 )
 from splitinfer.partitioner.costmodel import (
+    WireModel,
     candidate_table,
     cut_costs,
     estimate_codec,
     tensor_ratios,
 )
 from splitinfer.partitioner.cuts import CutPlan
+from splitinfer.partitioner.cutsearch import flows_of
 from splitinfer.partitioner.dp import (
     apply_bottleneck,
     check_private_cut,
@@ -121,6 +123,8 @@ class AutoResult:
     chosen: CutCost
     table: list[dict[str, Any]]
     notes: list[str]
+    #: How the candidates were found: "exhaustive over N cuts" or the min-cut summary.
+    search: str = ""
 
 
 @dataclass
@@ -146,18 +150,38 @@ def auto_split(
     calib, held = split_holdout(samples, 0.2, seed=opts.seed)
     progress(f"{len(calib)} calibration and {len(held)} held-out samples")
 
-    progress("running the model on calibration samples (activations of every tensor)")
-    plans = prepared.space.plans()
-    crossing = sorted({t for p in plans for t in p.crossing})
+    space = prepared.space
+    plans = space.exhaustive()
+    if plans is not None:
+        crossing = sorted({t for p in plans for t in p.crossing})
+    else:
+        crossing = sorted({f.name for f in flows_of(space) if f.crossable})
+    progress(f"running the model on calibration samples ({len(crossing)} tensors that can cross)")
     acts = _activations(prepared, _stack(calib[:ACTIVATION_SAMPLES]), crossing)
     codec = Int8ZstdCodec()
     floats = {k: v for k, v in acts.items() if v.dtype.kind == "f"}
-    ratios = tensor_ratios(floats, codec)
+    del acts
+    ratios = tensor_ratios(floats, codec, progress=_counted(progress, "measuring the codec on"))
     est = estimate_codec(floats, codec) if floats else None
+    del floats
 
     edge_times, cloud_times, by_batch, overhead = _node_times(
         prepared, opts, calib, notes, progress
     )
+    wire = WireModel(
+        ratios,
+        *((est.encode_bps, est.decode_bps) if est else ()),
+        encode_call_s=est.encode_call_s if est else 0.0,
+        decode_call_s=est.decode_call_s if est else 0.0,
+    )
+    if plans is not None:
+        search: dict[str, Any] = {"method": "exhaustive", "cuts": len(plans)}
+        search_line = f"exhaustive over {len(plans)} cuts"
+    else:
+        plans, search = _mincut_plans(prepared, opts, edge_times, cloud_times, by_batch, wire,
+                                      progress)  # fmt: skip
+        search_line = search["summary"]
+    notes.append(f"cut search: {search_line}")
     progress(f"predicting the cost of {len(plans)} cuts")
     costs = cut_costs(
         plans,
@@ -165,13 +189,16 @@ def auto_split(
         edge_times,
         cloud_times,
         ratios,
-        *((est.encode_bps, est.decode_bps) if est else ()),
-        encode_call_s=est.encode_call_s if est else 0.0,
-        decode_call_s=est.decode_call_s if est else 0.0,
+        wire.encode_bps,
+        wire.decode_bps,
+        encode_call_s=wire.encode_call_s,
+        decode_call_s=wire.decode_call_s,
         run_overhead_s=overhead,
         cloud_times_by_batch=by_batch,
     )
     by_id = {p.id: p for p in plans}
+    if opts.privacy is not None:  # noise protects float tensors only (check_private_cut)
+        costs = [c for c in costs if _private_ok(prepared, by_id[c.cut_id])] or costs
     loose = replace(opts.constraints, max_accuracy_drop=None)
     pre = rank(costs, opts.link, opts.objective, loose)
     short = [r.cost for r in pre[: opts.shortlist]]
@@ -188,9 +215,12 @@ def auto_split(
     reference = _run(prepared.optimized, _stack(held), optimize=True)
     calib_stack = _stack(calib)
     measured: dict[str, _Measured] = {}
-    for cost in short:
+    for k, cost in enumerate(short, 1):
         plan = by_id[cost.cut_id]
-        progress(f"building cut {plan.id} ({plan.kind}): {opts.precision} edge, codec, checks")
+        progress(
+            f"building cut {k}/{len(short)}: {plan.id} ({plan.kind}), "
+            f"{opts.precision} edge, codec, checks"
+        )
         measured[plan.id] = _build(prepared, plan, cost, opts, calib, calib_stack, held, reference)
 
     final = [m.cost for m in measured.values()]
@@ -243,11 +273,73 @@ def auto_split(
             "calibration": str(opts.calibration) if opts.calibration else "synthetic",
             "cuts_costed": len(plans),
             "cuts_built": len(measured),
+            "cut_search": search,
             "table": table,
             "notes": notes,
         },
     )
-    return AutoResult(arts, extras, chosen, table, notes)
+    return AutoResult(arts, extras, chosen, table, notes, search_line)
+
+
+def _mincut_plans(
+    prepared: Prepared,
+    opts: AutoOptions,
+    edge_times: Mapping[str, float],
+    cloud_times: Mapping[str, float],
+    by_batch: Mapping[int, Mapping[str, float]],
+    wire: WireModel,
+    progress: Progress,
+) -> tuple[list[CutPlan], dict[str, Any]]:
+    """Candidate cuts of a space too big to list, by min-cut (``cutsearch``)."""
+    from splitinfer.partitioner.cutsearch import Pricing, auto_candidates
+
+    space = prepared.space
+    count, exact = space.count()
+    pricing = Pricing.of(space, edge_times, cloud_times, by_batch, wire,
+                         private=opts.privacy is not None)  # fmt: skip
+    sweep = SWITCH_RATES if opts.candidates > 1 else SWITCH_RATES[::5]
+    found = auto_candidates(space, pricing, opts.link, opts.objective, opts.constraints, sweep,
+                            progress)  # fmt: skip
+    plans, reasons, refused = found.plans(space)
+    total = f"{count:,}" if exact else f">= {count:,}"
+    summary = (
+        f"min-cut over {found.points} link points x {found.weightings} weightings "
+        f"({found.runs} max-flows, {found.distinct} distinct cuts); {len(plans)} cuts "
+        f"costed exactly with all edge, all cloud and the single-tensor cuts, of {total} "
+        "valid cuts"
+    )
+    search = {
+        "method": "min-cut",
+        "summary": summary,
+        "link_points": found.points,
+        "weightings": found.weightings,
+        "max_flows": found.runs,
+        "min_cuts": found.distinct,
+        "refused": refused,
+        "cuts": len(plans),
+        "space": count,
+        "space_exact": exact,
+        "why": reasons,
+    }
+    return plans, search
+
+
+def _private_ok(prepared: Prepared, plan: CutPlan) -> bool:
+    if plan.kind == "all":
+        return True
+    tensors = prepared.analysis.tensors
+    return all(np.dtype(tensors[t].dtype).kind == "f" for t in plan.crossing)
+
+
+def _counted(progress: Progress, what: str) -> Callable[[int, int], None]:
+    """A ``(done, total)`` callback that reports about every tenth of the way."""
+
+    def report(done: int, total: int) -> None:
+        step = max(1, total // 10)
+        if done == total or done % step == 0:
+            progress(f"{what} {done}/{total} tensors")
+
+    return report
 
 
 # -- samples and activations ---------------------------------------------------------

@@ -33,6 +33,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -55,6 +56,36 @@ DEFAULT_DECODE_BPS = 4e9
 
 F64 = npt.NDArray[np.float64]
 Array = npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class WireModel:
+    """What sending one tensor costs, as :func:`cut_costs` prices it.
+
+    Float tensors go through the codec: fp32 bytes / their ratio on the wire
+    (``ratios`` by tensor name, else ``default_ratio``), fp32 bits over the
+    codec's throughput plus a fixed cost per call to encode and decode. Other
+    dtypes (token ids, masks) travel raw and cost no codec time.
+    """
+
+    ratios: Mapping[str, float] = field(default_factory=dict)
+    encode_bps: float = DEFAULT_ENCODE_BPS
+    decode_bps: float = DEFAULT_DECODE_BPS
+    encode_call_s: float = 0.0
+    decode_call_s: float = 0.0
+    default_ratio: float = DEFAULT_CODEC_RATIO
+
+    def of(self, info: TensorInfo) -> tuple[float, float, float]:
+        """(wire bytes, encode seconds, decode seconds) of one sample of ``info``."""
+        if np.dtype(info.dtype).kind != "f":
+            return float(info.bytes_per_sample), 0.0, 0.0
+        raw = fp32_bytes(info)
+        bits = raw * 8
+        return (
+            raw / self.ratios.get(info.name, self.default_ratio),
+            bits / self.encode_bps + self.encode_call_s,
+            bits / self.decode_bps + self.decode_call_s,
+        )
 
 
 class CodecEstimate(NamedTuple):
@@ -109,15 +140,15 @@ def cut_costs(
             raise ConfigError(f"{name}={value!r} must be seconds >= 0")
     names = [node.name for node in analysis.nodes]
     n = len(names)
-    edge_t = _times_vector(edge_times, names, flops, "edge")
-    cloud_t = _times_vector(cloud_times, names, flops, "cloud")
+    edge_t = times_vector(edge_times, names, flops, "edge")
+    cloud_t = times_vector(cloud_times, names, flops, "cloud")
     edge_m = _membership([p.edge_nodes for p in plans], n)
     cloud_m = _membership([p.cloud_nodes for p in plans], n)
     edge_s = edge_m @ edge_t + run_overhead_s * edge_m.any(axis=1)
     cloud_s = cloud_m @ cloud_t + run_overhead_s * cloud_m.any(axis=1)
     batch_s: list[tuple[int, F64]] = []
     for batch, times in sorted((cloud_times_by_batch or {}).items()):
-        vec = _times_vector(times, names, flops, f"cloud batch {batch}")
+        vec = times_vector(times, names, flops, f"cloud batch {batch}")
         batch_s.append((int(batch), cloud_m @ vec + run_overhead_s * cloud_m.any(axis=1)))
     memory = _edge_memory(plans, analysis, edge_m)
     ratios = codec_ratio if isinstance(codec_ratio, Mapping) else {}
@@ -171,7 +202,7 @@ def cut_costs(
     return out
 
 
-def _times_vector(
+def times_vector(
     times: Mapping[str, float], names: list[str], flops: Sequence[int], side: str
 ) -> F64:
     """Seconds per node in analysis order. A node with FLOPs must have a time; shape
@@ -333,10 +364,19 @@ def estimate_codec(
     )
 
 
-def tensor_ratios(samples_by_tensor: Mapping[str, Array], codec: Codec) -> dict[str, float]:
-    """The codec's compression ratio per float tensor, for ``cut_costs(codec_ratio=...)``."""
+def tensor_ratios(
+    samples_by_tensor: Mapping[str, Array],
+    codec: Codec,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, float]:
+    """The codec's compression ratio per float tensor, for ``cut_costs(codec_ratio=...)``;
+    ``progress(done, total)`` after each tensor."""
     out: dict[str, float] = {}
-    for name, a in samples_by_tensor.items():
+    total = len(samples_by_tensor)
+    for done, (name, a) in enumerate(samples_by_tensor.items(), 1):
+        if progress is not None:
+            progress(done, total)
         arr = np.ascontiguousarray(a)
         if arr.dtype.kind != "f":
             continue
