@@ -168,11 +168,10 @@ def auto_split(
     edge_times, cloud_times, by_batch, overhead = _node_times(
         prepared, opts, calib, notes, progress
     )
-    wire = WireModel(
-        ratios,
-        *((est.encode_bps, est.decode_bps) if est else ()),
-        encode_call_s=est.encode_call_s if est else 0.0,
-        decode_call_s=est.decode_call_s if est else 0.0,
+    wire = (
+        WireModel(ratios, est.encode_bps, est.decode_bps, est.encode_call_s, est.decode_call_s)
+        if est
+        else WireModel(ratios)
     )
     if plans is not None:
         search: dict[str, Any] = {"method": "exhaustive", "cuts": len(plans)}

@@ -18,6 +18,7 @@ refuses (a value needed on both sides, say) is dropped and counted.
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -176,7 +177,7 @@ def depth_band_cuts(space: CutSpace, bands: int = DEPTH_BANDS) -> list[tuple[str
         return float(fp32_bytes(a.tensors[f.name]))
 
     out = []
-    for lo, hi in zip(edges, edges[1:], strict=False):
+    for lo, hi in itertools.pairwise(edges):
         forced_edge = sum(1 << u for u, d in enumerate(depth) if d < lo)
         forced_cloud = sum(1 << u for u, d in enumerate(depth) if d > hi)
         mask = solve(problem(space, zeros, zeros, nbytes, forced_edge=forced_edge,
@@ -253,7 +254,8 @@ def _bits(mask: int) -> tuple[int, ...]:
 
 def roofline_weights(space: CutSpace, edge: str, cloud: str) -> tuple[np.ndarray, np.ndarray]:
     """Per-node seconds (analysis order) from two built-in profiles' rooflines."""
-    from splitinfer.partitioner.profiles import node_keys, node_times, resolve_profile
+    from splitinfer.partitioner.profiles import node_times, resolve_profile
+    from splitinfer.partitioner.runtime_map import node_keys
 
     a = space.analysis
     keys = node_keys(a)
@@ -367,8 +369,10 @@ class Pricing:
                     return math.inf
                 nbytes, enc, _ = wire[f.name]
                 bits = nbytes * 8
-                return w * enc + energy.alpha_up_w_per_mbps * bits / 1e6 + (
-                    energy.beta_w * bits / rate
+                return (
+                    w * enc
+                    + energy.alpha_up_w_per_mbps * bits / 1e6
+                    + (energy.beta_w * bits / rate)
                 )
 
             return [w * t for t in self.edge_s], [0.0] * len(self.edge_s), joules
@@ -401,8 +405,8 @@ def auto_candidates(
     sweep: Sequence[float],
     progress: Callable[[str], None],
     *,
-    energy: EnergyModel = EnergyModel(),
-    cloud: CloudPricing = CloudPricing(),
+    energy: EnergyModel | None = None,
+    cloud: CloudPricing | None = None,
 ) -> Found:
     """The candidates ``--split auto`` costs exactly in a space too big to list.
 
@@ -412,6 +416,8 @@ def auto_candidates(
     with a latency bound under another objective, the objective plus a range of
     multiples of the latency. Then all edge, all cloud and the single-tensor cuts.
     """
+    energy = energy or EnergyModel()
+    cloud = cloud or CloudPricing()
     found = Found()
     main = link.uplink_bps
     jobs: list[tuple[str, list[float], list[float], Callable[[Flow], float]]] = []

@@ -29,7 +29,7 @@ down-set: nothing on the edge reads from the cloud.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from splitinfer.shared.errors import ConfigError
@@ -88,7 +88,7 @@ class CutProblem:
                 if c == OUTPUT:
                     continue
                 _check_unit(c, n, "tensor consumer")
-                if t.producer != INPUT and c != t.producer:
+                if t.producer not in (INPUT, c):
                     deps[c] |= 1 << t.producer
         object.__setattr__(self, "deps", tuple(deps))
 
@@ -197,7 +197,7 @@ def _scale(problem: CutProblem) -> Callable[[float], int]:
     finite = [*problem.edge_cost, *problem.cloud_cost]
     finite += [t.cost for t in problem.tensors if math.isfinite(t.cost)]
     if all(float(c).is_integer() for c in finite):
-        return lambda c: int(c)
+        return int
     total = math.fsum(finite)
     return lambda c: round(c / total * _RESOLUTION)
 
@@ -271,10 +271,8 @@ def count_downsets(preds: Sequence[int], budget: int = 20_000) -> int | None:
                 score = (lo + hi) * (size + 2) + min(lo, hi)
                 if score > best:
                     best, pivot = score, x
-            if chain:  # every element comparable to every other
-                result = size + 1
-            else:
-                result = count(s & ~above[pivot]) + count(s & ~below[pivot])
+            # a chain (every element comparable to every other) has size + 1
+            result = size + 1 if chain else count(s & ~above[pivot]) + count(s & ~below[pivot])
         memo[s] = result
         return result
 
@@ -316,11 +314,9 @@ def topological(preds: Sequence[int]) -> list[int]:
     succ: list[list[int]] = [[] for _ in range(n)]
     indeg = [0] * n
     for v, m in enumerate(preds):
-        while m:
-            low = m & -m
-            succ[low.bit_length() - 1].append(v)
+        for p in bits(m):
+            succ[p].append(v)
             indeg[v] += 1
-            m ^= low
     ready = [v for v in range(n) if indeg[v] == 0]
     ready.reverse()
     order: list[int] = []
@@ -334,3 +330,11 @@ def topological(preds: Sequence[int]) -> list[int]:
     if len(order) != n:
         raise ConfigError("cut problem: the dependencies have a cycle")
     return order
+
+
+def bits(mask: int) -> Iterator[int]:
+    """The indices of the set bits of ``mask``, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
