@@ -310,11 +310,12 @@ def _main(argv: Sequence[str] | None) -> int:
         _plan_inputs(args, prepared, art, input_codec)
     precision = args.precision or "fp32"
     if precision != "fp32" and art.edge is not None:
-        from splitinfer.partitioner.auto import AutoOptions, _convert
+        from splitinfer.partitioner.auto import AutoOptions
+        from splitinfer.partitioner.automeasure import convert
 
         opts = AutoOptions(link=Link.fixed(1e6, 1e6), precision=precision)
         samples = _calibration(args, prepared)
-        art.edge = _convert(art.edge, opts, samples)
+        art.edge = convert(art.edge, opts, samples)
         art.edge_precision = precision
     extras = PackageExtras(
         fallback=prepared.optimized if args.edge_fallback else None,
@@ -353,7 +354,8 @@ def _plan_inputs(
     """The cloud-only cut's codec from the calibration samples, scored by the whole model."""
     import numpy as np
 
-    from splitinfer.partitioner.auto import _agree, _run
+    from splitinfer.partitioner.auto import _agree
+    from splitinfer.partitioner.automeasure import run as _run
     from splitinfer.partitioner.wirecodec import plan_wire
 
     assert art.cloud is not None

@@ -373,3 +373,21 @@ def test_split_auto_and_a_listed_id_on_a_huge_space(
     fixed = tmp_path / "fixed"
     assert main([str(wide), "--split", mid["id"], "-o", str(fixed), "-q"]) == 0
     assert f"cut {mid['id']} (split)" in capsys.readouterr().out
+
+
+@pytest.mark.unit
+def test_costs_are_the_same_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitinfer.partitioner import costmodel
+
+    model = inception_like(2)
+    for i, node in enumerate(model.graph.node):
+        node.name = f"{node.op_type}_{i}"
+    a = analyse(model, {})
+    plans = CutSpace(a).plans()
+    rng = np.random.default_rng(0)
+    edge = {n.name: float(rng.random()) for n in a.nodes}
+    cloud = {n.name: float(rng.random()) for n in a.nodes}
+    by_batch = {8: {k: 4 * v for k, v in cloud.items()}}
+    whole = costmodel.cut_costs(plans, a, edge, cloud, cloud_times_by_batch=by_batch)
+    monkeypatch.setattr(costmodel, "CHUNK_CUTS", 7)
+    assert costmodel.cut_costs(plans, a, edge, cloud, cloud_times_by_batch=by_batch) == whole
