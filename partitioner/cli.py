@@ -215,7 +215,7 @@ def format_table(
     why: Mapping[str, str] | None = None,
     total: str | None = None,
 ) -> str:
-    width = max([6, *(len(p.id) for p in plans)])
+    width = min(max([6, *(len(p.id) for p in plans)]), 16)  # longer ids push the row
     lines = [
         f"model: {prepared.source.path.name}  nodes: {prepared.nodes_before} -> "
         f"{prepared.nodes_after} after optimization ("
@@ -257,10 +257,11 @@ def _list_cuts(args: argparse.Namespace, prepared: Prepared, progress: Progress)
     cloud = args.cloud_profile or LIST_CLOUD_PROFILE
     plans, why, found = list_candidates(space, edge, cloud, DEFAULT_CODEC_RATIO)
     total = f"{count:,}" if exact else f"at least {count:,}"
-    how = "counted exactly, not listed" if exact else "a lower bound: too many to count"
+    how = "counted, not listed" if exact else "a lower bound, too many to count"
     note = (
-        f"{total} valid cuts ({how}; at most one per down-set of the unit order), more than "
-        f"--max-cuts {space.max_cuts}: showing {len(plans)}: all cloud, all edge, the "
+        f"{total} cuts in all ({how}: the down-sets of the unit order in which no tensor "
+        "that cannot cross would cross; a rare one may still fail to plan), more than "
+        f"--max-cuts {space.max_cuts}; showing {len(plans)}: all cloud, all edge, the "
         f"single-tensor cuts, the latency min-cuts at {found.points} uplink rates "
         f"(rooflines of {edge} and {cloud}, float tensors / {DEFAULT_CODEC_RATIO:g} on the "
         "wire) and the fewest-bytes cut per depth band"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from graphs import f32, make, rand
+from graphs import f32, make, rand, residual
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
@@ -334,7 +334,8 @@ def test_list_cuts_on_a_huge_space_says_how_many(
 ) -> None:
     assert main([str(wide), "--list-cuts", "-q"]) == 0
     out = capsys.readouterr().out
-    assert f"valid cuts: {4**20 + 3:,} (counted exactly, not listed)" in out
+    assert f"valid cuts: {4**20 + 3:,} (counted, not listed)" in out
+    assert f"{4**20 + 3:,} cuts in all" in out
     assert "single tensor" in out
     assert "min-cut at" in out
     assert "fewest bytes at depth" in out
@@ -345,9 +346,18 @@ def test_list_cuts_on_a_huge_space_says_how_many(
     ids = [row["id"] for row in data["cuts"]]
     assert ids[0] == "c0"
     assert all(row["why"] for row in data["cuts"])
-    # --max-cuts still gives the full list where it fits
-    assert main([str(wide), "--list-cuts", "--max-cuts", "5", "-q"]) == 0
-    assert "valid cuts: 1,099" in capsys.readouterr().out
+
+
+@pytest.mark.unit
+def test_max_cuts_bounds_the_full_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "res.onnx"
+    onnx.save(residual(), str(path))  # 5 cuts
+    assert main([str(path), "--list-cuts", "--max-cuts", "5", "--json", "-q"]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [f"c{i}" for i in range(5)]
+    assert main([str(path), "--list-cuts", "--max-cuts", "4", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "valid cuts: 5 (counted, not listed)" in out
+    assert "more than --max-cuts 4" in out
 
 
 @pytest.mark.integration
