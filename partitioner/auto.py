@@ -7,9 +7,14 @@
    ONNX Runtime's profiler on this machine. For an INT8 edge measured here,
    fp32 node times are scaled by the whole model's measured int8/fp32 ratio.
 3. **Wire bytes** per tensor: the int8+zstd codec run on real activations of
-   every tensor that can cross a cut.
-4. **Costs of every cut** (:func:`costmodel.cut_costs`) and a shortlist: the
-   best few under the objective plus the cuts best across link speeds.
+   every tensor that can cross a cut (16 samples, fewer when they would hold
+   more than :data:`ACTIVATION_BYTES`; the codec's speed timed on a spread of
+   them up to :data:`TIMING_BYTES`).
+4. **Candidates:** every cut when there are at most ``--max-cuts``; else the
+   min-cuts per link point and constraint weighting plus all edge, all cloud
+   and the single-tensor cuts (``cutsearch.auto_candidates``). Their **costs**
+   (:func:`costmodel.cut_costs`) and a shortlist: the best few under the
+   objective plus the cuts best across link speeds.
 5. **Each shortlisted cut is built for real:** INT8 edge segment, end-to-end
    agreement with the fp32 model on held-out samples, the codec chosen on its
    activations, the utility left under the privacy noise (with the optional
@@ -76,6 +81,10 @@ Progress = Callable[[str], None]
 #: Uplink speeds (bits/s) over which --candidates picks the cuts to switch among.
 SWITCH_RATES = tuple(float(r) for r in np.geomspace(0.25e6, 100e6, 32))
 ACTIVATION_SAMPLES = 16
+#: At most this many bytes of activations held at once (fewer samples on big models).
+ACTIVATION_BYTES = 512 * 2**20
+#: The codec's speed is timed on at most this many bytes of them.
+TIMING_BYTES = 32 * 2**20
 PRECISIONS = ("int8", "fp16", "fp32")
 
 
@@ -161,12 +170,14 @@ def auto_split(
     else:
         crossing = sorted({f.name for f in flows_of(space) if f.crossable})
     progress(f"running the model on calibration samples ({len(crossing)} tensors that can cross)")
-    acts = _activations(prepared, _stack(calib[:ACTIVATION_SAMPLES]), crossing)
+    per_sample = sum(a.tensors[t].bytes_per_sample for t in crossing)
+    count = int(min(ACTIVATION_SAMPLES, max(2, ACTIVATION_BYTES // max(per_sample, 1))))
+    acts = _activations(prepared, _stack(calib[:count]), crossing)
     codec = Int8ZstdCodec()
     floats = {k: v for k, v in acts.items() if v.dtype.kind == "f"}
     del acts
     ratios = tensor_ratios(floats, codec, progress=_counted(progress, "measuring the codec on"))
-    est = estimate_codec(floats, codec) if floats else None
+    est = estimate_codec(_timing_sample(floats), codec) if floats else None
     del floats
 
     edge_times, cloud_times, by_batch, overhead = _node_times(
@@ -325,6 +336,18 @@ def _mincut_plans(
         "why": reasons,
     }
     return plans, search
+
+
+def _timing_sample(floats: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Tensors spread through the graph, up to :data:`TIMING_BYTES`, to time the codec on:
+    its throughput is the codec's, not the tensor's."""
+    names = list(floats)
+    total = sum(floats[n].nbytes for n in names)
+    if total <= TIMING_BYTES:
+        return dict(floats)
+    step = max(1, math.ceil(total / TIMING_BYTES))
+    picked = {n: floats[n] for n in names[::step] if floats[n].nbytes <= TIMING_BYTES}
+    return picked or {names[0]: floats[names[0]][:1]}
 
 
 def _private_ok(prepared: Prepared, plan: CutPlan) -> bool:

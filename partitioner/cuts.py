@@ -198,11 +198,11 @@ class CutSpace:
                 return None
             raise
 
-    def count(self, budget: int = 4_000) -> tuple[int, bool]:
+    def count(self, budget: int = 2_000_000) -> tuple[int, bool]:
         """``(n, exact)``: the number of valid cuts when the space was enumerated, else
         the number of down-sets of the unit order counted without listing them
         (units that a tensor which cannot cross ties together counted as one), or, if
-        that takes more than ``budget`` steps, a lower bound (``exact`` False)."""
+        that visits more than ``budget`` elements, a lower bound (``exact`` False)."""
         if self._plans is not None:
             return len(self._plans), True
         if self._count is None:

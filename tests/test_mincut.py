@@ -259,6 +259,14 @@ def test_twenty_branch_graph_has_a_huge_space_and_no_list() -> None:
 
 
 @pytest.mark.unit
+def test_a_count_over_budget_is_a_stated_lower_bound() -> None:
+    space = CutSpace(analyse(branches(), {}))
+    bound, exact = space.count(budget=10)
+    assert not exact
+    assert 2**20 <= bound <= 4**20 + 3  # the 20 units of one depth, any subset
+
+
+@pytest.mark.unit
 def test_single_tensor_cuts_of_the_wide_graph() -> None:
     space = CutSpace(analyse(branches(), {}))
     crossings = {space.plan_for(m).crossing for m in articulation_cuts(space)}  # type: ignore[union-attr]
