@@ -362,7 +362,7 @@ def _counted(progress: Progress, what: str) -> Callable[[int, int], None]:
 
     def report(done: int, total: int) -> None:
         step = max(1, total // 10)
-        if done == total or done % step == 0:
+        if done in (1, total) or done % step == 0:
             progress(f"{what} {done}/{total} tensors")
 
     return report

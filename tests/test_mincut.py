@@ -341,7 +341,8 @@ def test_list_cuts_on_a_huge_space_says_how_many(
     wide: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main([str(wide), "--list-cuts", "-q"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert err == ""
     assert f"valid cuts: {4**20 + 3:,} (counted, not listed)" in out
     assert f"{4**20 + 3:,} cuts in all" in out
     assert "single tensor" in out
@@ -375,10 +376,12 @@ def test_split_auto_and_a_listed_id_on_a_huge_space(
     out = tmp_path / "pkg"
     argv = [str(wide), "--split", "auto", "-o", str(out), "--precision", "fp32"]
     argv += ["--edge-profile", "raspberry-pi-5", "--cloud-profile", "l4", "--candidates", "2"]
-    assert main([*argv, "-q"]) == 0
+    assert main(argv) == 0  # not quiet: counted progress on stderr
     printed = capsys.readouterr()
     assert "cut search: min-cut over" in printed.out
     assert "error" not in printed.err
+    for step in ("measuring the codec on 1/", "max-flow 1/", "building cut 1/"):
+        assert f"partition: {step}" in printed.err
     manifest = json.loads((out / "manifest.json").read_text())
     search = manifest["planning"]["cut_search"]
     assert search["method"] == "min-cut"
@@ -416,3 +419,28 @@ def test_costs_are_the_same_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
         assert got.edge_s == pytest.approx(want.edge_s, rel=1e-12)
         assert got.cloud_s == pytest.approx(want.cloud_s, rel=1e-12)
         assert got.cloud_batch_s[0][1] == pytest.approx(want.cloud_batch_s[0][1], rel=1e-12)
+
+
+@pytest.mark.integration
+def test_split_auto_past_max_cuts_keeps_traces_objectives_and_constraints(
+    wide: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "link.up"  # Mahimahi: one 1500-byte opportunity per line (ms)
+    ms = [t for t in range(4000) if (t // 1000) % 2 == 0 or t % 20 == 0]
+    trace.write_text("\n".join(map(str, ms)) + "\n")
+    out = tmp_path / "pkg"
+    argv = [str(wide), "--split", "auto", "-o", str(out), "--precision", "fp32", "-q"]
+    argv += ["--edge-profile", "raspberry-pi-5", "--cloud-profile", "l4", "--trace", str(trace)]
+    argv += ["--objective", "edge-energy", "--max-latency", "5s", "--edge-memory", "400"]
+    argv += ["--epsilon", "4", "--clip", "1"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    m = json.loads((out / "manifest.json").read_text())
+    search = m["planning"]["cut_search"]
+    assert search["method"] == "min-cut"
+    assert search["weightings"] == 1 + 5 + 4  # objective, memory sweep, latency sweep
+    assert search["link_points"] >= 7  # the trace's mean, quantiles and harmonic mean
+    assert m["privacy"]["epsilon"] == 4
+    chosen = m["cuts"][0]
+    assert chosen["predicted"]["edge_memory_bytes"] <= 400
+    assert chosen["predicted"]["latency_p95_s"] <= 5
