@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 from ortutil import assert_close, compose, run
+from zoo import ZOO
 
 from splitinfer.partitioner.analysis import analyse
 from splitinfer.partitioner.cli import main
@@ -444,3 +445,51 @@ def test_split_auto_past_max_cuts_keeps_traces_objectives_and_constraints(
     chosen = m["cuts"][0]
     assert chosen["predicted"]["edge_memory_bytes"] <= 400
     assert chosen["predicted"]["latency_p95_s"] <= 5
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_min_cut_path_matches_the_list_on_the_zoo(zoo_dir: Path, name: str) -> None:
+    """On every zoo model (attention masks, shape arithmetic, several inputs and outputs):
+    the min-cut path's choice is as good as the full list's, and its cuts compose."""
+    from splitinfer.partitioner.costmodel import WireModel, cut_costs
+    from splitinfer.partitioner.cutsearch import Pricing, auto_candidates
+    from splitinfer.partitioner.pipeline import prepare
+    from splitinfer.shared.costs import Constraints, predict_latency, rank
+    from splitinfer.shared.links import Link
+
+    p = prepare(zoo_dir / f"{name}.onnx")
+    a = p.analysis
+    every = p.space.exhaustive()
+    assert every is not None
+    big = CutSpace(a, max_cuts=1)
+    assert big.exhaustive() is None
+    seen: set[str] = set()
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        # shape arithmetic costs nothing, as the rooflines and the profiler have it
+        pairs = list(zip(a.nodes, a.data_node, strict=True))
+        edge = {n.name: float(rng.lognormal(-7, 1.5)) * d for n, d in pairs}
+        cloud = {n.name: float(rng.lognormal(-9, 1.5)) * d for n, d in pairs}
+        pricing = Pricing.of(big, edge, cloud, {}, WireModel())
+        for uplink in (0.1e6, 2e6, 30e6, 1e9):
+            link = Link.fixed(uplink, 1e9, 0.0)
+            best = rank(cut_costs(every, a, edge, cloud), link)[0]
+            found = auto_candidates(
+                big, pricing, link, "latency", Constraints(), [], lambda _: None
+            )
+            plans, _, refused = found.plans(big)
+            assert refused == 0
+            got = rank(cut_costs(plans, a, edge, cloud), link)[0]
+            assert predict_latency(got.cost, link) == pytest.approx(
+                predict_latency(best.cost, link), rel=1e-9
+            ), (seed, uplink)
+            for plan in plans:
+                if plan.id not in seen:
+                    seen.add(plan.id)
+                    for batch in (1, 3):
+                        feeds = ZOO[name].sample(batch, seed=batch)
+                        assert_close(
+                            compose(edge_model(a, plan), cloud_model(a, plan), feeds),
+                            run(a.model, feeds),
+                        )
