@@ -305,7 +305,7 @@ def _mincut_plans(
     progress: Progress,
 ) -> tuple[list[CutPlan], dict[str, Any]]:
     """Candidate cuts of a space too big to list, by min-cut (``cutsearch``)."""
-    from splitinfer.partitioner.cutsearch import Pricing, auto_candidates
+    from splitinfer.partitioner.cutchoice import Pricing, auto_candidates
 
     space = prepared.space
     count, exact = space.count()

@@ -90,6 +90,7 @@ class CutSpace:
         self._plans: list[CutPlan] | None = None
         self._too_many = False
         self._count: tuple[int, bool] | None = None
+        self._by_mask: dict[int, CutPlan] | None = None
 
     # -- units and order ----------------------------------------------------
     def _build_units(self) -> None:
@@ -187,6 +188,11 @@ class CutSpace:
             self._plans = plans
         return self._plans
 
+    @property
+    def too_many_to_list(self) -> bool:
+        """True once listing has stopped at ``max_cuts``."""
+        return self._too_many
+
     def exhaustive(self) -> list[CutPlan] | None:
         """:meth:`plans`, or None when the space has more than ``max_cuts`` cuts."""
         if self._too_many:
@@ -206,64 +212,10 @@ class CutSpace:
         if self._plans is not None:
             return len(self._plans), True
         if self._count is None:
-            self._count = self._count_downsets(budget)
+            from splitinfer.partitioner.cutsearch import count_space
+
+            self._count = count_space(self, budget)
         return self._count
-
-    def _count_downsets(self, budget: int) -> tuple[int, bool]:
-        from splitinfer.partitioner.mincut import count_downsets
-
-        preds = self._tied_order()
-        exact = count_downsets(preds, budget)
-        if exact is not None:
-            return exact, True
-        # Units at the same depth are pairwise unordered: every subset of one level is
-        # an antichain, and antichains <-> down-sets.
-        depth = self.depths()
-        sizes: dict[int, int] = {}
-        for d in depth:
-            sizes[d] = sizes.get(d, 0) + 1
-        bound = 1 + sum(2**k - 1 for k in sizes.values())
-        return max(bound, self.max_cuts + 1 if self._too_many else 0), False
-
-    def _tied_order(self) -> list[int]:
-        """The unit order with the units tied by a tensor that cannot cross merged."""
-        from splitinfer.partitioner.cutsearch import flows_of
-
-        n = len(self.units)
-        root = list(range(n))
-
-        def find(u: int) -> int:
-            while root[u] != u:
-                root[u] = root[root[u]]
-                u = root[u]
-            return u
-
-        for f in flows_of(self):
-            if f.crossable or f.producer < 0:
-                continue
-            for c in f.consumers:
-                if c >= 0:
-                    # c depends on the producer and may not be apart from it: so is every
-                    # unit between them
-                    between = self.above[f.producer] & self.below[c]
-                    m = between
-                    while m:
-                        low = m & -m
-                        root[find(low.bit_length() - 1)] = find(f.producer)
-                        m ^= low
-        groups = sorted({find(u) for u in range(n)})
-        index = {g: i for i, g in enumerate(groups)}
-        preds = [0] * len(groups)
-        for u in range(n):
-            gu = index[find(u)]
-            m = self.pred[u]
-            while m:
-                low = m & -m
-                gp = index[find(low.bit_length() - 1)]
-                if gp != gu:
-                    preds[gu] |= 1 << gp
-                m ^= low
-        return preds
 
     def depths(self) -> list[int]:
         """Per unit: the length of the longest dependency chain that ends at it."""
@@ -303,7 +255,9 @@ class CutSpace:
         """The plan of an edge set, with its ``cN`` id when the space is enumerated and
         its frontier id otherwise; None if it is not a valid cut."""
         if self._plans is not None:
-            return next((p for p in self._plans if p.edge_units == edge_units), None)
+            if self._by_mask is None:
+                self._by_mask = {p.edge_units: p for p in self._plans}
+            return self._by_mask.get(edge_units)
         return self.plan(edge_units, self.frontier_id(edge_units))
 
     def plan(self, edge_units: int, cut_id: str) -> CutPlan | None:

@@ -297,7 +297,7 @@ def test_min_cut_choice_equals_exhaustive_choice_on_a_branchy_graph() -> None:
     """Both paths choose cuts of the same predicted latency wherever enumeration can run,
     and the min-cut path needs its max-flows for that (not just the single-tensor cuts)."""
     from splitinfer.partitioner.costmodel import WireModel, cut_costs
-    from splitinfer.partitioner.cutsearch import Pricing, auto_candidates
+    from splitinfer.partitioner.cutchoice import Pricing, auto_candidates
     from splitinfer.shared.costs import Constraints, predict_latency, rank
     from splitinfer.shared.links import Link
 
@@ -453,7 +453,7 @@ def test_min_cut_path_matches_the_list_on_the_zoo(zoo_dir: Path, name: str) -> N
     """On every zoo model (attention masks, shape arithmetic, several inputs and outputs):
     the min-cut path's choice is as good as the full list's, and its cuts compose."""
     from splitinfer.partitioner.costmodel import WireModel, cut_costs
-    from splitinfer.partitioner.cutsearch import Pricing, auto_candidates
+    from splitinfer.partitioner.cutchoice import Pricing, auto_candidates
     from splitinfer.partitioner.pipeline import prepare
     from splitinfer.shared.costs import Constraints, predict_latency, rank
     from splitinfer.shared.links import Link
