@@ -9,7 +9,7 @@
 3. **Wire bytes** per tensor: the int8+zstd codec run on real activations of
    every tensor that can cross a cut (16 samples, fewer when they would hold
    more than :data:`ACTIVATION_BYTES`; the codec's speed timed on a spread of
-   them up to :data:`TIMING_BYTES`).
+   at most 16 of them, 32 MiB in all: ``automeasure.timing_sample``).
 4. **Candidates:** every cut when there are at most ``--max-cuts``; else the
    min-cuts per link point and constraint weighting plus all edge, all cloud
    and the single-tensor cuts (``cutsearch.auto_candidates``). Their **costs**
@@ -43,6 +43,7 @@ from splitinfer.partitioner.automeasure import runtime as _runtime
 from splitinfer.partitioner.automeasure import samples as _samples
 from splitinfer.partitioner.automeasure import session as _session
 from splitinfer.partitioner.automeasure import stack as _stack
+from splitinfer.partitioner.automeasure import timing_sample
 from splitinfer.partitioner.calibration import split_holdout
 from splitinfer.partitioner.costmodel import (
     WireModel,
@@ -83,8 +84,6 @@ SWITCH_RATES = tuple(float(r) for r in np.geomspace(0.25e6, 100e6, 32))
 ACTIVATION_SAMPLES = 16
 #: At most this many bytes of activations held at once (fewer samples on big models).
 ACTIVATION_BYTES = 512 * 2**20
-#: The codec's speed is timed on at most this many bytes of them.
-TIMING_BYTES = 32 * 2**20
 PRECISIONS = ("int8", "fp16", "fp32")
 
 
@@ -177,7 +176,7 @@ def auto_split(
     floats = {k: v for k, v in acts.items() if v.dtype.kind == "f"}
     del acts
     ratios = tensor_ratios(floats, codec, progress=_counted(progress, "measuring the codec on"))
-    est = estimate_codec(_timing_sample(floats), codec) if floats else None
+    est = estimate_codec(timing_sample(floats), codec) if floats else None
     del floats
 
     edge_times, cloud_times, by_batch, overhead = _node_times(
@@ -336,18 +335,6 @@ def _mincut_plans(
         "why": reasons,
     }
     return plans, search
-
-
-def _timing_sample(floats: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Tensors spread through the graph, up to :data:`TIMING_BYTES`, to time the codec on:
-    its throughput is the codec's, not the tensor's."""
-    names = list(floats)
-    total = sum(floats[n].nbytes for n in names)
-    if total <= TIMING_BYTES:
-        return dict(floats)
-    step = max(1, math.ceil(total / TIMING_BYTES))
-    picked = {n: floats[n] for n in names[::step] if floats[n].nbytes <= TIMING_BYTES}
-    return picked or {names[0]: floats[names[0]][:1]}
 
 
 def _private_ok(prepared: Prepared, plan: CutPlan) -> bool:

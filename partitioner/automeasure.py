@@ -8,6 +8,7 @@
   profiler on this machine (an INT8 edge measured here: fp32 node times scaled
   by the whole model's measured int8/fp32 ratio, :func:`precision_factor`).
 * :func:`convert`: a segment at the edge precision (QDQ INT8, fp16 or fp32).
+* :func:`timing_sample`: the activations the codec's speed is timed on.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
 
 Feed = dict[str, np.ndarray]
 Progress = Callable[[str], None]
+
+#: The codec's speed is timed on at most this many tensors and bytes of activations.
+TIMING_TENSORS = 16
+TIMING_BYTES = 32 * 2**20
 
 
 # -- samples and activations ---------------------------------------------------------
@@ -188,3 +193,22 @@ def convert(model: onnx.ModelProto, opts: AutoOptions, calib: Sequence[Feed]) ->
 
     cfg = config_for(runtime(opts), opts.calibration_method)
     return quantize_model(model, calib, cfg)
+
+
+def timing_sample(floats: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """At most :data:`TIMING_TENSORS` tensors spread through the graph and
+    :data:`TIMING_BYTES`, to time the codec on: its speed is the codec's, not the
+    tensor's, and every tensor timed costs a few codec calls per sample."""
+    names = [n for n in floats if floats[n].nbytes <= TIMING_BYTES] or list(floats)[:1]
+    if len(names) > TIMING_TENSORS:
+        idx = np.linspace(0, len(names) - 1, TIMING_TENSORS).round().astype(int)
+        names = [names[i] for i in sorted(set(idx.tolist()))]
+    picked: dict[str, np.ndarray] = {}
+    total = 0
+    for n in names:
+        arr = floats[n] if floats[n].nbytes <= TIMING_BYTES else floats[n][:1]
+        if picked and total + arr.nbytes > TIMING_BYTES:
+            continue
+        picked[n] = arr
+        total += arr.nbytes
+    return picked

@@ -493,3 +493,16 @@ def test_min_cut_path_matches_the_list_on_the_zoo(zoo_dir: Path, name: str) -> N
                             compose(edge_model(a, plan), cloud_model(a, plan), feeds),
                             run(a.model, feeds),
                         )
+
+
+@pytest.mark.unit
+def test_the_codec_is_timed_on_a_bounded_spread_of_tensors() -> None:
+    from splitinfer.partitioner.automeasure import TIMING_BYTES, TIMING_TENSORS, timing_sample
+
+    floats = {f"t{i}": np.zeros((16, 64), np.float32) for i in range(300)}
+    floats["huge"] = np.zeros((16, TIMING_BYTES // 8), np.float32)
+    picked = timing_sample(floats)
+    assert 1 < len(picked) <= TIMING_TENSORS
+    assert sum(a.nbytes for a in picked.values()) <= TIMING_BYTES
+    assert "t0" in picked
+    assert "t299" in picked  # spread, not the first few
