@@ -7,9 +7,14 @@
    ONNX Runtime's profiler on this machine. For an INT8 edge measured here,
    fp32 node times are scaled by the whole model's measured int8/fp32 ratio.
 3. **Wire bytes** per tensor: the int8+zstd codec run on real activations of
-   every tensor that can cross a cut.
-4. **Costs of every cut** (:func:`costmodel.cut_costs`) and a shortlist: the
-   best few under the objective plus the cuts best across link speeds.
+   every tensor that can cross a cut (16 samples, fewer when they would hold
+   more than :data:`ACTIVATION_BYTES`; the codec's speed timed on a spread of
+   at most 16 of them, 32 MiB in all: ``automeasure.timing_sample``).
+4. **Candidates:** every cut when there are at most ``--max-cuts``; else the
+   min-cuts per link point and constraint weighting plus all edge, all cloud
+   and the single-tensor cuts (``cutsearch.auto_candidates``). Their **costs**
+   (:func:`costmodel.cut_costs`) and a shortlist: the best few under the
+   objective plus the cuts best across link speeds.
 5. **Each shortlisted cut is built for real:** INT8 edge segment, end-to-end
    agreement with the fp32 model on held-out samples, the codec chosen on its
    activations, the utility left under the privacy noise (with the optional
@@ -22,7 +27,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,18 +35,25 @@ from typing import Any
 import numpy as np
 import onnx
 
-from splitinfer.partitioner.calibration import (
-    load_calibration,
-    split_holdout,
-    synthetic_calibration,
-)
+from splitinfer.partitioner.automeasure import activations as _activations
+from splitinfer.partitioner.automeasure import convert as _convert
+from splitinfer.partitioner.automeasure import node_times as _node_times
+from splitinfer.partitioner.automeasure import run as _run
+from splitinfer.partitioner.automeasure import runtime as _runtime
+from splitinfer.partitioner.automeasure import samples as _samples
+from splitinfer.partitioner.automeasure import session as _session
+from splitinfer.partitioner.automeasure import stack as _stack
+from splitinfer.partitioner.automeasure import timing_sample
+from splitinfer.partitioner.calibration import split_holdout
 from splitinfer.partitioner.costmodel import (
+    WireModel,
     candidate_table,
     cut_costs,
     estimate_codec,
     tensor_ratios,
 )
 from splitinfer.partitioner.cuts import CutPlan
+from splitinfer.partitioner.cutsearch import flows_of
 from splitinfer.partitioner.dp import (
     apply_bottleneck,
     check_private_cut,
@@ -70,6 +82,8 @@ Progress = Callable[[str], None]
 #: Uplink speeds (bits/s) over which --candidates picks the cuts to switch among.
 SWITCH_RATES = tuple(float(r) for r in np.geomspace(0.25e6, 100e6, 32))
 ACTIVATION_SAMPLES = 16
+#: At most this many bytes of activations held at once (fewer samples on big models).
+ACTIVATION_BYTES = 512 * 2**20
 PRECISIONS = ("int8", "fp16", "fp32")
 
 
@@ -121,6 +135,8 @@ class AutoResult:
     chosen: CutCost
     table: list[dict[str, Any]]
     notes: list[str]
+    #: How the candidates were found: "exhaustive over N cuts" or the min-cut summary.
+    search: str = ""
 
 
 @dataclass
@@ -146,18 +162,39 @@ def auto_split(
     calib, held = split_holdout(samples, 0.2, seed=opts.seed)
     progress(f"{len(calib)} calibration and {len(held)} held-out samples")
 
-    progress("running the model on calibration samples (activations of every tensor)")
-    plans = prepared.space.plans()
-    crossing = sorted({t for p in plans for t in p.crossing})
-    acts = _activations(prepared, _stack(calib[:ACTIVATION_SAMPLES]), crossing)
+    space = prepared.space
+    plans = space.exhaustive()
+    if plans is not None:
+        crossing = sorted({t for p in plans for t in p.crossing})
+    else:
+        crossing = sorted({f.name for f in flows_of(space) if f.crossable})
+    progress(f"running the model on calibration samples ({len(crossing)} tensors that can cross)")
+    per_sample = sum(a.tensors[t].bytes_per_sample for t in crossing)
+    count = int(min(ACTIVATION_SAMPLES, max(2, ACTIVATION_BYTES // max(per_sample, 1))))
+    acts = _activations(prepared, _stack(calib[:count]), crossing)
     codec = Int8ZstdCodec()
     floats = {k: v for k, v in acts.items() if v.dtype.kind == "f"}
-    ratios = tensor_ratios(floats, codec)
-    est = estimate_codec(floats, codec) if floats else None
+    del acts
+    ratios = tensor_ratios(floats, codec, progress=_counted(progress, "measuring the codec on"))
+    est = estimate_codec(timing_sample(floats), codec) if floats else None
+    del floats
 
     edge_times, cloud_times, by_batch, overhead = _node_times(
         prepared, opts, calib, notes, progress
     )
+    wire = (
+        WireModel(ratios, est.encode_bps, est.decode_bps, est.encode_call_s, est.decode_call_s)
+        if est
+        else WireModel(ratios)
+    )
+    if plans is not None:
+        search: dict[str, Any] = {"method": "exhaustive", "cuts": len(plans)}
+        search_line = f"exhaustive over {len(plans)} cuts"
+    else:
+        plans, search = _mincut_plans(prepared, opts, edge_times, cloud_times, by_batch, wire,
+                                      progress)  # fmt: skip
+        search_line = search["summary"]
+    notes.append(f"cut search: {search_line}")
     progress(f"predicting the cost of {len(plans)} cuts")
     costs = cut_costs(
         plans,
@@ -165,13 +202,16 @@ def auto_split(
         edge_times,
         cloud_times,
         ratios,
-        *((est.encode_bps, est.decode_bps) if est else ()),
-        encode_call_s=est.encode_call_s if est else 0.0,
-        decode_call_s=est.decode_call_s if est else 0.0,
+        wire.encode_bps,
+        wire.decode_bps,
+        encode_call_s=wire.encode_call_s,
+        decode_call_s=wire.decode_call_s,
         run_overhead_s=overhead,
         cloud_times_by_batch=by_batch,
     )
     by_id = {p.id: p for p in plans}
+    if opts.privacy is not None:  # noise protects float tensors only (check_private_cut)
+        costs = [c for c in costs if _private_ok(prepared, by_id[c.cut_id])] or costs
     loose = replace(opts.constraints, max_accuracy_drop=None)
     pre = rank(costs, opts.link, opts.objective, loose)
     short = [r.cost for r in pre[: opts.shortlist]]
@@ -188,9 +228,12 @@ def auto_split(
     reference = _run(prepared.optimized, _stack(held), optimize=True)
     calib_stack = _stack(calib)
     measured: dict[str, _Measured] = {}
-    for cost in short:
+    for k, cost in enumerate(short, 1):
         plan = by_id[cost.cut_id]
-        progress(f"building cut {plan.id} ({plan.kind}): {opts.precision} edge, codec, checks")
+        progress(
+            f"building cut {k}/{len(short)}: {plan.id} ({plan.kind}), "
+            f"{opts.precision} edge, codec, checks"
+        )
         measured[plan.id] = _build(prepared, plan, cost, opts, calib, calib_stack, held, reference)
 
     final = [m.cost for m in measured.values()]
@@ -243,168 +286,73 @@ def auto_split(
             "calibration": str(opts.calibration) if opts.calibration else "synthetic",
             "cuts_costed": len(plans),
             "cuts_built": len(measured),
+            "cut_search": search,
             "table": table,
             "notes": notes,
         },
     )
-    return AutoResult(arts, extras, chosen, table, notes)
+    return AutoResult(arts, extras, chosen, table, notes, search_line)
 
 
-# -- samples and activations ---------------------------------------------------------
-
-
-def _samples(
-    prepared: Prepared, inputs: list[TensorSpec], opts: AutoOptions, warn: Callable[[str], None]
-) -> list[Feed]:
-    a = prepared.analysis
-    if opts.calibration is not None:
-        return load_calibration(
-            opts.calibration, inputs, a.batch_symbol, preprocessing=opts.preprocessing
-        )
-    warn(
-        "no --calibration folder: calibrating INT8 and measuring quality on SYNTHETIC random "
-        "inputs; scales, agreement and the chosen cut may not hold for real data"
-    )
-    shapes = {k: (1, *v) for k, v in a.sample_input_shapes.items()}
-    return synthetic_calibration(inputs, opts.synthetic_samples, opts.seed, shapes)
-
-
-def _stack(samples: Sequence[Feed]) -> Feed:
-    return {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
-
-
-def _session(model: onnx.ModelProto, optimize: bool) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if not optimize:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
-def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], optimize: bool) -> Feed:
-    sess = _session(model, optimize)
-    names = [o.name for o in sess.get_outputs()]
-    wanted = {i.name: feeds[i.name] for i in sess.get_inputs()}
-    return dict(zip(names, sess.run(names, wanted), strict=True))
-
-
-def _activations(prepared: Prepared, feeds: Feed, names: Sequence[str]) -> Feed:
-    """The values of ``names`` (tensors of the optimized graph) for ``feeds``."""
-    from onnx import helper
-
-    a = prepared.analysis
-    probe = onnx.ModelProto()
-    probe.CopyFrom(a.model)
-    existing = {o.name for o in probe.graph.output}
-    for name in names:
-        if name not in existing and name not in feeds:
-            elem = helper.np_dtype_to_tensor_dtype(np.dtype(a.tensors[name].dtype))
-            probe.graph.output.append(helper.make_tensor_value_info(name, elem, None))
-    out = _run(probe, feeds, optimize=False)
-    out.update(feeds)
-    return {n: np.asarray(out[n]) for n in names if n in out}
-
-
-# -- node times ---------------------------------------------------------------------
-
-
-def _node_times(
+def _mincut_plans(
     prepared: Prepared,
     opts: AutoOptions,
-    calib: list[Feed],
-    notes: list[str],
+    edge_times: Mapping[str, float],
+    cloud_times: Mapping[str, float],
+    by_batch: Mapping[int, Mapping[str, float]],
+    wire: WireModel,
     progress: Progress,
-) -> tuple[dict[str, float], dict[str, float], dict[int, dict[str, float]], float]:
-    from splitinfer.partitioner.profiler import measure_nodes
-    from splitinfer.partitioner.profiles import node_times, resolve_profile
+) -> tuple[list[CutPlan], dict[str, Any]]:
+    """Candidate cuts of a space too big to list, by min-cut (``cutsearch``)."""
+    from splitinfer.partitioner.cutchoice import Pricing, auto_candidates
 
-    a = prepared.analysis
-    sha = prepared.source.sha256
-    host = None
-    overhead = 0.0
-    if opts.edge_profile is None or opts.cloud_profile is None:
-        progress("measuring per-node latency on this machine (ONNX Runtime profiler)")
-        pool = _stack(calib)
-
-        def feeds_for(batch: int) -> Feed:
-            idx = np.arange(batch) % next(iter(pool.values())).shape[0]
-            return {k: v[idx] for k, v in pool.items()}
-
-        host = measure_nodes(
-            a.model,
-            feeds_for,
-            batch_sizes=(1, 8),
-            runs=7,
-            warmup=2,
-            analysis=a,
-            source_sha256=sha,
-        )
-        overhead = max(0.0, host.overhead_s.get(1, 0.0))
-    edge_src = resolve_profile(opts.edge_profile, "edge") if opts.edge_profile else host
-    cloud_src = resolve_profile(opts.cloud_profile, "cloud") if opts.cloud_profile else host
-    assert edge_src is not None
-    assert cloud_src is not None
-    edge_prec = "fp32" if edge_src is host else opts.precision
-    edge = node_times(a, edge_src, edge_prec, 1, model_sha256=sha)
-    notes += [f"edge: {edge.source}", *edge.notes]
-    edge_t = dict(edge.times)
-    if edge_src is host and opts.precision != "fp32":
-        factor = _precision_factor(prepared, opts, calib)
-        edge_t = {k: v * factor for k, v in edge_t.items()}
-        notes.append(
-            f"edge at {opts.precision}: fp32 node times on this machine x {factor:.2f} "
-            "(the whole model's measured ratio)"
-        )
-    cloud = node_times(a, cloud_src, "fp32", 1, model_sha256=sha)
-    notes += [f"cloud: {cloud.source}", *cloud.notes]
-    by_batch = {b: node_times(a, cloud_src, "fp32", b, model_sha256=sha).times for b in (8, 32)}
-    return edge_t, dict(cloud.times), by_batch, overhead
+    space = prepared.space
+    count, exact = space.count()
+    pricing = Pricing.of(space, edge_times, cloud_times, by_batch, wire,
+                         private=opts.privacy is not None)  # fmt: skip
+    sweep = SWITCH_RATES if opts.candidates > 1 else SWITCH_RATES[::5]
+    found = auto_candidates(space, pricing, opts.link, opts.objective, opts.constraints, sweep,
+                            progress)  # fmt: skip
+    plans, reasons, refused = found.plans(space)
+    total = f"{count:,}" if exact else f">= {count:,}"
+    summary = (
+        f"min-cut over {found.points} link points x {found.weightings} weightings "
+        f"({found.runs} max-flows, {found.distinct} distinct cuts); {len(plans)} cuts "
+        f"costed exactly with all edge, all cloud and the single-tensor cuts, of {total} "
+        "valid cuts"
+    )
+    search = {
+        "method": "min-cut",
+        "summary": summary,
+        "link_points": found.points,
+        "weightings": found.weightings,
+        "max_flows": found.runs,
+        "min_cuts": found.distinct,
+        "refused": refused,
+        "cuts": len(plans),
+        "space": count,
+        "space_exact": exact,
+        "why": reasons,
+    }
+    return plans, search
 
 
-def _precision_factor(prepared: Prepared, opts: AutoOptions, calib: list[Feed]) -> float:
-    """Measured wall time of the whole model at the edge precision / at fp32."""
-    import time
-
-    full = prepared.optimized
-    low = _convert(full, opts, calib[: max(8, len(calib) // 2)])
-    feeds = calib[0]
-    times = []
-    for model in (full, low):
-        sess = _session(model, optimize=True)
-        names = [o.name for o in sess.get_outputs()]
-        wanted = {i.name: feeds[i.name] for i in sess.get_inputs()}
-        for _ in range(2):
-            sess.run(names, wanted)
-        runs = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            sess.run(names, wanted)
-            runs.append(time.perf_counter() - t0)
-        times.append(float(np.median(runs)))
-    return times[1] / max(times[0], 1e-9)
+def _private_ok(prepared: Prepared, plan: CutPlan) -> bool:
+    if plan.kind == "all":
+        return True
+    tensors = prepared.analysis.tensors
+    return all(np.dtype(tensors[t].dtype).kind == "f" for t in plan.crossing)
 
 
-def _runtime(opts: AutoOptions) -> str:
-    from splitinfer.partitioner.quantize import runtime_for_profile
+def _counted(progress: Progress, what: str) -> Callable[[int, int], None]:
+    """A ``(done, total)`` callback that reports about every tenth of the way."""
 
-    return runtime_for_profile(opts.edge_profile)
+    def report(done: int, total: int) -> None:
+        step = max(1, total // 10)
+        if done in (1, total) or done % step == 0:
+            progress(f"{what} {done}/{total} tensors")
 
-
-def _convert(model: onnx.ModelProto, opts: AutoOptions, calib: Sequence[Feed]) -> onnx.ModelProto:
-    """The edge segment at the edge precision."""
-    if opts.precision == "fp32":
-        return model
-    if opts.precision == "fp16":
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-
-        out: onnx.ModelProto = convert_float_to_float16(model, keep_io_types=True)
-        return out
-    from splitinfer.partitioner.quantize import config_for, quantize_model
-
-    cfg = config_for(_runtime(opts), opts.calibration_method)
-    return quantize_model(model, calib, cfg)
+    return report
 
 
 # -- building one cut ---------------------------------------------------------------

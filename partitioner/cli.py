@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from splitinfer.shared.preprocess import PreprocessSpec
 
 PRECISIONS = ("int8", "fp16", "fp32")
+#: Rooflines the --list-cuts min-cuts are priced with unless --edge/--cloud-profile say.
+LIST_EDGE_PROFILE = "raspberry-pi-5"
+LIST_CLOUD_PROFILE = "l4"
 OBJECTIVES = ("latency", "edge-energy", "cloud-cost")
 _SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20}
 _SIZE["gib"] = 2**30
@@ -56,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", type=Path, help="the ONNX model (.onnx)")
     mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--list-cuts", action="store_true", help="print every valid cut")
+    mode.add_argument(
+        "--list-cuts",
+        action="store_true",
+        help="print every valid cut (past --max-cuts: how many there are, and the ones "
+        "worth a look)",
+    )
     mode.add_argument(
         "--split",
         metavar="CUT",
@@ -167,16 +175,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-cuts",
         type=int,
         default=DEFAULT_MAX_CUTS,
-        help=f"stop with an error past this many valid cuts (default {DEFAULT_MAX_CUTS})",
+        help=f"list every cut, and let --split auto weigh every cut, up to this many "
+        f"(default {DEFAULT_MAX_CUTS}); past it --list-cuts shows the cuts worth a look "
+        "and --split auto chooses by minimum cut",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
     return p
 
 
-def cut_rows(prepared: Prepared) -> list[dict[str, object]]:
-    return [
-        {
+def cut_rows(
+    prepared: Prepared,
+    plans: Sequence[CutPlan] | None = None,
+    why: Mapping[str, str] | None = None,
+) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for plan in prepared.space.plans() if plans is None else plans:
+        row: dict[str, object] = {
             "id": plan.id,
             "kind": plan.kind,
             "tensors": list(plan.crossing),
@@ -186,28 +201,79 @@ def cut_rows(prepared: Prepared) -> list[dict[str, object]]:
             "edge_nodes": len(plan.edge_nodes),
             "cloud_nodes": len(plan.cloud_nodes),
         }
-        for plan in prepared.space.plans()
-    ]
+        if why is not None:
+            row["why"] = why.get(plan.id, "")
+        rows.append(row)
+    return rows
 
 
-def format_table(prepared: Prepared, plans: list[CutPlan], mark: str | None = None) -> str:
+def format_table(
+    prepared: Prepared,
+    plans: list[CutPlan],
+    mark: str | None = None,
+    *,
+    why: Mapping[str, str] | None = None,
+    total: str | None = None,
+) -> str:
+    width = min(max([6, *(len(p.id) for p in plans)]), 16)  # longer ids push the row
     lines = [
         f"model: {prepared.source.path.name}  nodes: {prepared.nodes_before} -> "
         f"{prepared.nodes_after} after optimization ("
         + ", ".join(f"{r.name}: {r.nodes_before}->{r.nodes_after}" for r in prepared.passes)
-        + f")  units: {len(prepared.space.units)}  valid cuts: {len(plans)}",
-        f"{'':2}{'cut':>6} {'bytes/sample':>13} {'edge MFLOPs':>12} {'cloud MFLOPs':>13}  tensors",
+        + f")  units: {len(prepared.space.units)}  valid cuts: {total or len(plans)}",
+        f"{'':2}{'cut':>{width}} {'bytes/sample':>13} {'edge MFLOPs':>12} {'cloud MFLOPs':>13}  "
+        + ("tensors" if why is None else "tensors  [why listed]"),
     ]
     for plan in plans:
         names = ", ".join(plan.crossing)
         if len(names) > 60:
             names = names[:57] + "..."
         flag = "*" if plan.id == mark else ""
+        reason = f"  [{why.get(plan.id, '')}]" if why is not None else ""
         lines.append(
-            f"{flag:2}{plan.id:>6} {plan.bytes_per_sample:>13,} {plan.edge_flops / 1e6:>12.2f} "
-            f"{plan.cloud_flops / 1e6:>13.2f}  {names}"
+            f"{flag:2}{plan.id:>{width}} {plan.bytes_per_sample:>13,} "
+            f"{plan.edge_flops / 1e6:>12.2f} {plan.cloud_flops / 1e6:>13.2f}  {names}{reason}"
         )
     return "\n".join(lines)
+
+
+def _list_cuts(args: argparse.Namespace, prepared: Prepared, progress: Progress) -> int:
+    """Every cut when there are at most --max-cuts; else the ones a person would consider."""
+    progress("enumerating cuts")
+    space = prepared.space
+    plans = space.exhaustive()
+    if plans is not None:
+        if args.json:
+            print(json.dumps(cut_rows(prepared, plans), indent=2))
+        else:
+            print(format_table(prepared, plans))
+        return 0
+    from splitinfer.partitioner.costmodel import DEFAULT_CODEC_RATIO
+    from splitinfer.partitioner.cutsearch import list_candidates
+
+    progress(f"more than {space.max_cuts} cuts (--max-cuts): counting them, then min-cuts")
+    count, exact = space.count()
+    edge = args.edge_profile or LIST_EDGE_PROFILE
+    cloud = args.cloud_profile or LIST_CLOUD_PROFILE
+    plans, why, found = list_candidates(space, edge, cloud, DEFAULT_CODEC_RATIO)
+    total = f"{count:,}" if exact else f"at least {count:,}"
+    how = "counted, not listed" if exact else "a lower bound, too many to count"
+    note = (
+        f"{total} cuts in all ({how}: the down-sets of the unit order in which no tensor "
+        "that cannot cross would cross; a rare one may still fail to plan), more than "
+        f"--max-cuts {space.max_cuts}; showing {len(plans)}: all cloud, all edge, the "
+        f"single-tensor cuts, the latency min-cuts at {found.points} uplink rates "
+        f"(rooflines of {edge} and {cloud}, float tensors / {DEFAULT_CODEC_RATIO:g} on the "
+        "wire) and the fewest-bytes cut per depth band"
+    )
+    if args.json:
+        out = {"valid_cuts": count, "exact": exact, "max_cuts": space.max_cuts, "note": note,
+               "cuts": cut_rows(prepared, plans, why)}  # fmt: skip
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_table(prepared, plans, why=why, total=f"{total} ({how})"))
+        print(note)
+    return 0
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -228,12 +294,7 @@ def _main(argv: Sequence[str] | None) -> int:
     shapes = parse_input_shapes(args.input_shape)
     prepared = prepare(args.model, shapes, max_cuts=args.max_cuts, progress=progress)
     if args.list_cuts:
-        progress("enumerating cuts")
-        if args.json:
-            print(json.dumps(cut_rows(prepared), indent=2))
-        else:
-            print(format_table(prepared, prepared.space.plans()))
-        return 0
+        return _list_cuts(args, prepared, progress)
     args.preprocessing = _preprocessing(args.preprocess, prepared)
     input_codec = _input_codec(args, prepared)
     if args.split == "auto":
@@ -250,11 +311,12 @@ def _main(argv: Sequence[str] | None) -> int:
         _plan_inputs(args, prepared, art, input_codec)
     precision = args.precision or "fp32"
     if precision != "fp32" and art.edge is not None:
-        from splitinfer.partitioner.auto import AutoOptions, _convert
+        from splitinfer.partitioner.auto import AutoOptions
+        from splitinfer.partitioner.automeasure import convert
 
         opts = AutoOptions(link=Link.fixed(1e6, 1e6), precision=precision)
         samples = _calibration(args, prepared)
-        art.edge = _convert(art.edge, opts, samples)
+        art.edge = convert(art.edge, opts, samples)
         art.edge_precision = precision
     extras = PackageExtras(
         fallback=prepared.optimized if args.edge_fallback else None,
@@ -293,7 +355,8 @@ def _plan_inputs(
     """The cloud-only cut's codec from the calibration samples, scored by the whole model."""
     import numpy as np
 
-    from splitinfer.partitioner.auto import _agree, _run
+    from splitinfer.partitioner.auto import _agree
+    from splitinfer.partitioner.automeasure import run as _run
     from splitinfer.partitioner.wirecodec import plan_wire
 
     assert art.cloud is not None
@@ -423,6 +486,7 @@ def _auto(args: argparse.Namespace, prepared: Prepared, progress: Progress) -> i
         prepared, result.artifacts, args.output, extras=extras, progress=progress
     )
     print(format_costs(result.table, limit=12))
+    print(f"cut search: {result.search}")
     c = result.chosen
     others = [x.plan.id for x in result.artifacts[1:]]
     print(

@@ -33,6 +33,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -52,9 +53,41 @@ DEFAULT_CODEC_RATIO = 4.0
 #: fp32 input bits per second of int8+zstd encode / decode on one x86 core, marginal.
 DEFAULT_ENCODE_BPS = 2e9
 DEFAULT_DECODE_BPS = 4e9
+#: Cuts costed at a time (the membership matrices are cuts x nodes).
+CHUNK_CUTS = 512
 
 F64 = npt.NDArray[np.float64]
 Array = npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class WireModel:
+    """What sending one tensor costs, as :func:`cut_costs` prices it.
+
+    Float tensors go through the codec: fp32 bytes / their ratio on the wire
+    (``ratios`` by tensor name, else ``default_ratio``), fp32 bits over the
+    codec's throughput plus a fixed cost per call to encode and decode. Other
+    dtypes (token ids, masks) travel raw and cost no codec time.
+    """
+
+    ratios: Mapping[str, float] = field(default_factory=dict)
+    encode_bps: float = DEFAULT_ENCODE_BPS
+    decode_bps: float = DEFAULT_DECODE_BPS
+    encode_call_s: float = 0.0
+    decode_call_s: float = 0.0
+    default_ratio: float = DEFAULT_CODEC_RATIO
+
+    def of(self, info: TensorInfo) -> tuple[float, float, float]:
+        """(wire bytes, encode seconds, decode seconds) of one sample of ``info``."""
+        if np.dtype(info.dtype).kind != "f":
+            return float(info.bytes_per_sample), 0.0, 0.0
+        raw = fp32_bytes(info)
+        bits = raw * 8
+        return (
+            raw / self.ratios.get(info.name, self.default_ratio),
+            bits / self.encode_bps + self.encode_call_s,
+            bits / self.decode_bps + self.decode_call_s,
+        )
 
 
 class CodecEstimate(NamedTuple):
@@ -109,17 +142,27 @@ def cut_costs(
             raise ConfigError(f"{name}={value!r} must be seconds >= 0")
     names = [node.name for node in analysis.nodes]
     n = len(names)
-    edge_t = _times_vector(edge_times, names, flops, "edge")
-    cloud_t = _times_vector(cloud_times, names, flops, "cloud")
-    edge_m = _membership([p.edge_nodes for p in plans], n)
-    cloud_m = _membership([p.cloud_nodes for p in plans], n)
-    edge_s = edge_m @ edge_t + run_overhead_s * edge_m.any(axis=1)
-    cloud_s = cloud_m @ cloud_t + run_overhead_s * cloud_m.any(axis=1)
-    batch_s: list[tuple[int, F64]] = []
-    for batch, times in sorted((cloud_times_by_batch or {}).items()):
-        vec = _times_vector(times, names, flops, f"cloud batch {batch}")
-        batch_s.append((int(batch), cloud_m @ vec + run_overhead_s * cloud_m.any(axis=1)))
-    memory = _edge_memory(plans, analysis, edge_m)
+    edge_t = times_vector(edge_times, names, flops, "edge")
+    cloud_t = times_vector(cloud_times, names, flops, "cloud")
+    batch_t = [
+        (int(batch), times_vector(times, names, flops, f"cloud batch {batch}"))
+        for batch, times in sorted((cloud_times_by_batch or {}).items())
+    ]
+    memory_of = _EdgeMemory(analysis)
+    edge_parts, cloud_parts, memory_parts = [], [], []
+    batch_parts: list[list[F64]] = [[] for _ in batch_t]
+    for start in range(0, len(plans), CHUNK_CUTS):  # bounded memory for many cuts
+        part = plans[start : start + CHUNK_CUTS]
+        edge_m = _membership([p.edge_nodes for p in part], n)
+        cloud_m = _membership([p.cloud_nodes for p in part], n)
+        cloud_runs = run_overhead_s * cloud_m.any(axis=1)
+        edge_parts.append(edge_m @ edge_t + run_overhead_s * edge_m.any(axis=1))
+        cloud_parts.append(cloud_m @ cloud_t + cloud_runs)
+        for k, (_, vec) in enumerate(batch_t):
+            batch_parts[k].append(cloud_m @ vec + cloud_runs)
+        memory_parts.append(memory_of(part, edge_m))
+    edge_s, cloud_s, memory = (_joined(x) for x in (edge_parts, cloud_parts, memory_parts))
+    batch_s = [(b, _joined(batch_parts[k])) for k, (b, _) in enumerate(batch_t)]
     ratios = codec_ratio if isinstance(codec_ratio, Mapping) else {}
     default_ratio = DEFAULT_CODEC_RATIO if isinstance(codec_ratio, Mapping) else codec_ratio
     for r in [default_ratio, *ratios.values()]:
@@ -171,7 +214,7 @@ def cut_costs(
     return out
 
 
-def _times_vector(
+def times_vector(
     times: Mapping[str, float], names: list[str], flops: Sequence[int], side: str
 ) -> F64:
     """Seconds per node in analysis order. A node with FLOPs must have a time; shape
@@ -205,40 +248,57 @@ def _membership(rows: Sequence[tuple[int, ...]], n: int) -> F64:
     return m
 
 
-def _edge_memory(plans: Sequence[CutPlan], analysis: GraphAnalysis, edge_m: F64) -> F64:
-    """Weights read by the edge nodes plus the peak of live edge activations (bytes)."""
-    n = len(analysis.nodes)
-    tensors = analysis.tensors
-    inits = [name for name, t in tensors.items() if t.is_initializer]
-    init_col = {name: j for j, name in enumerate(inits)}
-    init_bytes = np.array([_fp32_full_bytes(tensors[name]) for name in inits], dtype=np.float64)
-    uses = np.zeros((n, len(inits)))
-    for i, names in enumerate(analysis.node_inputs):
-        for name in names:
-            if name in init_col:
-                uses[i, init_col[name]] = 1.0
-    weights = ((edge_m @ uses) > 0) @ init_bytes if inits else np.zeros(len(plans))
+def _joined(parts: list[F64]) -> F64:
+    return np.concatenate(parts) if parts else np.zeros(0)
 
-    outputs = set(analysis.outputs)
-    acts = [
-        t
-        for t in tensors.values()
-        if not t.is_initializer and (t.consumers or t.is_input or t.name in outputs)
-    ]
-    live = np.zeros((len(acts), n), dtype=np.float32)
-    producers = np.array([-1 if t.producer is None else t.producer for t in acts], dtype=np.int64)
-    for k, t in enumerate(acts):
-        start = -1 if t.producer is None else t.producer
-        end = n - 1 if t.name in outputs else max(t.consumers, default=start)
-        live[k, max(start, 0) : end + 1] = _act_bytes(t)
-    edge32 = edge_m.astype(np.float32)
-    produced_on = np.where(producers[None, :] < 0, np.float32(1), edge32[:, producers])
-    at_step = (produced_on @ live) * edge32  # float32: an estimate, ~1e-7 relative
-    peak = at_step.max(axis=1) if n else np.zeros(len(plans))
-    act_bytes = {t.name: _act_bytes(t) for t in acts}
-    crossing = np.array([sum(act_bytes[c] for c in p.crossing) for p in plans], dtype=np.float64)
-    out: F64 = weights + np.maximum(peak, crossing)
-    return out
+
+class _EdgeMemory:
+    """Weights read by the edge nodes plus the peak of live edge activations (bytes)."""
+
+    def __init__(self, analysis: GraphAnalysis) -> None:
+        n = len(analysis.nodes)
+        tensors = analysis.tensors
+        inits = [name for name, t in tensors.items() if t.is_initializer]
+        init_col = {name: j for j, name in enumerate(inits)}
+        self.init_bytes = np.array([_fp32_full_bytes(tensors[k]) for k in inits], dtype=np.float64)
+        self.uses = np.zeros((n, len(inits)))
+        for i, names in enumerate(analysis.node_inputs):
+            for name in names:
+                if name in init_col:
+                    self.uses[i, init_col[name]] = 1.0
+        outputs = set(analysis.outputs)
+        acts = [
+            t
+            for t in tensors.values()
+            if not t.is_initializer and (t.consumers or t.is_input or t.name in outputs)
+        ]
+        self.live = np.zeros((len(acts), n), dtype=np.float32)
+        self.producers = np.array(
+            [-1 if t.producer is None else t.producer for t in acts], dtype=np.int64
+        )
+        for k, t in enumerate(acts):
+            start = -1 if t.producer is None else t.producer
+            end = n - 1 if t.name in outputs else max(t.consumers, default=start)
+            self.live[k, max(start, 0) : end + 1] = _act_bytes(t)
+        self.act_bytes = {t.name: _act_bytes(t) for t in acts}
+        self.n = n
+
+    def __call__(self, plans: Sequence[CutPlan], edge_m: F64) -> F64:
+        if self.init_bytes.size:
+            weights = ((edge_m @ self.uses) > 0) @ self.init_bytes
+        else:
+            weights = np.zeros(len(plans))
+        edge32 = edge_m.astype(np.float32)
+        produced_on = np.where(
+            self.producers[None, :] < 0, np.float32(1), edge32[:, self.producers]
+        )
+        at_step = (produced_on @ self.live) * edge32  # float32: an estimate, ~1e-7 relative
+        peak = at_step.max(axis=1) if self.n else np.zeros(len(plans))
+        crossing = np.array(
+            [sum(self.act_bytes[c] for c in p.crossing) for p in plans], dtype=np.float64
+        )
+        out: F64 = weights + np.maximum(peak, crossing)
+        return out
 
 
 def _act_bytes(info: TensorInfo) -> float:
@@ -333,10 +393,19 @@ def estimate_codec(
     )
 
 
-def tensor_ratios(samples_by_tensor: Mapping[str, Array], codec: Codec) -> dict[str, float]:
-    """The codec's compression ratio per float tensor, for ``cut_costs(codec_ratio=...)``."""
+def tensor_ratios(
+    samples_by_tensor: Mapping[str, Array],
+    codec: Codec,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, float]:
+    """The codec's compression ratio per float tensor, for ``cut_costs(codec_ratio=...)``;
+    ``progress(done, total)`` after each tensor."""
     out: dict[str, float] = {}
-    for name, a in samples_by_tensor.items():
+    total = len(samples_by_tensor)
+    for done, (name, a) in enumerate(samples_by_tensor.items(), 1):
+        if progress is not None:
+            progress(done, total)
         arr = np.ascontiguousarray(a)
         if arr.dtype.kind != "f":
             continue

@@ -21,18 +21,28 @@ output-sensitive: each ideal is produced from its parent by adding one
 available unit, O(width * degree) big-int operations per ideal, so
 O(#cuts * width * degree) overall; a chain of V nodes has V + 1 cuts. Each cut
 is then planned (crossing tensors, bytes, FLOPs) in O(V + E). Graphs with many
-parallel branches have exponentially many cuts; ``max_cuts`` bounds the work.
+parallel branches have exponentially many cuts; ``max_cuts`` bounds the
+exhaustive list (:meth:`CutSpace.exhaustive` is None past it) and the callers
+then choose by minimum cut (``partitioner/cutsearch.py``) over a count of the
+space (:meth:`CutSpace.count`) that needs no list.
+
+Ids: in an enumerated space ``c0`` (all cloud) ... ``cN`` (all edge) in the
+order of :meth:`CutSpace.ideals`. Any cut also has a *frontier id*, ``u`` and
+the dot-separated indices of the last units on the edge (``u12.40``), which
+needs no enumeration; ``c0`` stands for the empty edge set in both.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from splitinfer.partitioner.analysis import GraphAnalysis, TensorInfo
 from splitinfer.partitioner.flops import all_flops
+from splitinfer.partitioner.mincut import closure, topological
 from splitinfer.shared.errors import CutError
 
 FUSABLE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -78,6 +88,9 @@ class CutSpace:
         self.flops = all_flops(analysis)
         self._build_units()
         self._plans: list[CutPlan] | None = None
+        self._too_many = False
+        self._count: tuple[int, bool] | None = None
+        self._by_mask: dict[int, CutPlan] | None = None
 
     # -- units and order ----------------------------------------------------
     def _build_units(self) -> None:
@@ -126,6 +139,8 @@ class CutSpace:
                 m ^= low
         self.succ = succ
         self.full = (1 << len(units)) - 1
+        self.below = closure(pred, down=True)  # each unit and everything it depends on
+        self.above = closure(pred, down=False)  # each unit and everything that reads it
 
     # -- enumeration ----------------------------------------------------------
     def ideals(self) -> list[int]:
@@ -148,9 +163,11 @@ class CutSpace:
                     continue
                 seen.add(new)
                 if len(seen) > self.max_cuts:
+                    self._too_many = True
                     raise CutError(
                         f"the graph has more than {self.max_cuts} valid cuts (many parallel "
-                        "branches); raise --max-cuts or name the cut tensors with --split"
+                        "branches) to list them all; raise --max-cuts, or let --list-cuts "
+                        "and --split auto choose by minimum cut"
                     )
                 navail = avail & ~low
                 for w in succ[low.bit_length() - 1]:
@@ -160,7 +177,8 @@ class CutSpace:
         return sorted(seen, key=lambda m: (m.bit_count(), _bits_key(m)))
 
     def plans(self) -> list[CutPlan]:
-        """Every valid cut, planned, with ids ``c0`` (all cloud) ... ``cN`` (all edge)."""
+        """Every valid cut, planned, with ids ``c0`` (all cloud) ... ``cN`` (all edge);
+        :class:`CutError` past ``max_cuts``."""
         if self._plans is None:
             plans: list[CutPlan] = []
             for ideal in self.ideals():
@@ -170,7 +188,78 @@ class CutSpace:
             self._plans = plans
         return self._plans
 
+    @property
+    def too_many_to_list(self) -> bool:
+        """True once listing has stopped at ``max_cuts``."""
+        return self._too_many
+
+    def exhaustive(self) -> list[CutPlan] | None:
+        """:meth:`plans`, or None when the space has more than ``max_cuts`` cuts."""
+        if self._too_many:
+            return None
+        try:
+            return self.plans()
+        except CutError:
+            if self._too_many:
+                return None
+            raise
+
+    def count(self, budget: int = 2_000_000) -> tuple[int, bool]:
+        """``(n, exact)``: the number of valid cuts when the space was enumerated, else
+        the number of down-sets of the unit order counted without listing them
+        (units that a tensor which cannot cross ties together counted as one), or, if
+        that visits more than ``budget`` elements, a lower bound (``exact`` False)."""
+        if self._plans is not None:
+            return len(self._plans), True
+        if self._count is None:
+            from splitinfer.partitioner.cutsearch import count_space
+
+            self._count = count_space(self, budget)
+        return self._count
+
+    def depths(self) -> list[int]:
+        """Per unit: the length of the longest dependency chain that ends at it."""
+        depth = [0] * len(self.units)
+        for u in topological(self.pred):
+            m, d = self.pred[u], 0
+            while m:
+                low = m & -m
+                d = max(d, depth[low.bit_length() - 1] + 1)
+                m ^= low
+            depth[u] = d
+        return depth
+
     # -- one cut --------------------------------------------------------------
+    def frontier_id(self, edge_units: int) -> str:
+        """The id of an edge set that needs no enumeration: ``u`` + its last units."""
+        if edge_units == 0:
+            return "c0"
+        last = []
+        m = edge_units
+        while m:
+            low = m & -m
+            u = low.bit_length() - 1
+            if self.above[u] & edge_units == low:
+                last.append(u)
+            m ^= low
+        return "u" + ".".join(map(str, last))
+
+    def edge_set_of(self, units: Sequence[int]) -> int:
+        """The smallest edge set holding ``units``."""
+        mask = 0
+        for u in units:
+            mask |= self.below[u]
+        return mask
+
+    def plan_for(self, edge_units: int) -> CutPlan | None:
+        """The plan of an edge set, with its ``cN`` id when the space is enumerated and
+        its frontier id otherwise; None if it is not a valid cut."""
+        if self._plans is not None:
+            if self._by_mask is None:
+                self._by_mask = {p.edge_units: p for p in self._plans}
+            return self._by_mask.get(edge_units)
+        return self.plan(edge_units, self.frontier_id(edge_units))
+
     def plan(self, edge_units: int, cut_id: str) -> CutPlan | None:
         """Place every node for the edge set ``edge_units``; None if no valid split."""
         try:
@@ -266,23 +355,35 @@ class CutSpace:
 
     # -- lookup ---------------------------------------------------------------
     def find(self, spec: str) -> CutPlan:
-        """A cut by id (``c7``), ``none``, ``all``, or comma-separated tensor names."""
-        plans = self.plans()
+        """A cut by id (``c7``, ``u12.40``), ``none``, ``all``, or comma-separated tensor
+        names. Only a space of at most ``max_cuts`` cuts is enumerated for it."""
+        plans = self.exhaustive()
         spec = spec.strip()
-        if spec == "none":
-            return plans[0]
-        if spec == "all":
-            return plans[-1]
-        for known in plans:
-            if known.id == spec:
-                return known
+        if spec in ("none", "all", "c0"):
+            plan = self.plan_for(self.full if spec == "all" else 0)
+            if plan is None:
+                raise CutError(f"the graph has no valid {spec!r} cut: {self.explain(0)}")
+            return plan
+        if plans is not None:
+            for known in plans:
+                if known.id == spec:
+                    return known
         if spec.startswith("c") and spec[1:].isdigit():
+            if plans is None:
+                raise CutError(
+                    f"unknown cut {spec!r}: ids c1, c2, ... number the full list of cuts, "
+                    f"and this graph has more than {self.max_cuts} (--max-cuts); use an id "
+                    "from --list-cuts (u...) or tensor names"
+                )
             raise CutError(f"unknown cut {spec!r}: ids run from c0 to {plans[-1].id}")
+        if spec.startswith("u") and all(p.isdigit() for p in spec[1:].split(".")):
+            return self._find_frontier(spec)
         names = [n.strip() for n in spec.split(",") if n.strip()]
         missing = [n for n in names if n not in self.analysis.tensors]
         if missing:
+            ids = f"c0..{plans[-1].id}" if plans is not None else "u... from --list-cuts"
             raise CutError(
-                f"unknown cut {spec!r}: not a cut id (c0..{plans[-1].id}), 'none', 'all', "
+                f"unknown cut {spec!r}: not a cut id ({ids}), 'none', 'all', "
                 f"or tensor names of the graph (no tensor {missing[0]!r})"
             )
         edge_units = self._closure_of(names)
@@ -300,10 +401,26 @@ class CutSpace:
             if unused:
                 detail += ("; " if detail else "") + f"{', '.join(unused)} would not cross"
             raise CutError(f"tensors {', '.join(names)} do not separate the graph: {detail}")
-        for known in plans:
-            if known.edge_units == found.edge_units:
-                return known
-        return found
+        return self.plan_for(found.edge_units) or found
+
+    def _find_frontier(self, spec: str) -> CutPlan:
+        units = [int(p) for p in spec[1:].split(".")]
+        bad = [u for u in units if u >= len(self.units)]
+        if bad:
+            raise CutError(
+                f"unknown cut {spec!r}: the graph has units 0..{len(self.units) - 1} "
+                f"(no unit {bad[0]})"
+            )
+        edge_units = self.edge_set_of(units)
+        if self.frontier_id(edge_units) != spec:
+            raise CutError(
+                f"unknown cut {spec!r}: its units are not the last ones of an edge set "
+                f"(that edge set is {self.frontier_id(edge_units)})"
+            )
+        plan = self.plan_for(edge_units)
+        if plan is None:
+            raise CutError(f"cut {spec!r} is not valid: {self.explain(edge_units)}")
+        return plan
 
     def _closure_of(self, names: list[str]) -> int:
         """The smallest edge set that produces ``names``."""

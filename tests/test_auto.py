@@ -51,6 +51,8 @@ def test_auto_writes_a_valid_int8_package_that_reproduces_the_model(
     m = pkg.manifest
     cut = m.cut
     assert m.planning["table"]
+    assert m.planning["cut_search"] == {"method": "exhaustive", "cuts": m.planning["cuts_costed"]}
+    assert f"cut search: exhaustive over {m.planning['cuts_costed']} cuts" in captured.out
     assert m.planning["calibration"] == str(calib)
     assert cut.predicted["cut_id"] == cut.id
     # the chosen cut is the best of the table by predicted total

@@ -141,3 +141,36 @@ def test_too_many_cuts_is_a_clear_error() -> None:
 def test_500_node_chain_enumerates_every_cut() -> None:
     space = space_of(chain(500, width=2))
     assert len(space.plans()) == len(space.units) + 1 == 252
+
+
+def test_frontier_ids_name_the_same_cuts_as_the_list() -> None:
+    space = space_of(residual())
+    plans = space.plans()
+    assert space.count() == (len(plans), True)
+    assert space.frontier_id(0) == "c0"
+    for plan in plans[1:]:
+        fid = space.frontier_id(plan.edge_units)
+        assert fid.startswith("u")
+        assert space.find(fid) is plan  # the listed plan, with its cN id
+    two = next(p for p in plans if p.crossing == ("a", "b"))
+    assert space.frontier_id(two.edge_units) == "u1"  # b's unit; a's is below it
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("u9", r"the graph has units 0..3 \(no unit 9\)"),
+        ("u0.1", "its units are not the last ones of an edge set .*u1"),
+    ],
+)
+def test_bad_frontier_ids(spec: str, message: str) -> None:
+    with pytest.raises(CutError, match=message):
+        space_of(residual()).find(spec)
+
+
+def test_count_without_listing_matches_the_list() -> None:
+    for model in (residual(), chain(12), control_flow(), late_mask()):
+        listed = len(CutSpace(analyse(model, {})).plans())
+        unlisted = CutSpace(analyse(model, {}), max_cuts=1)
+        assert unlisted.exhaustive() is None
+        assert unlisted.count() == (listed, True)

@@ -1,0 +1,210 @@
+"""What ``--split auto`` measures before it chooses: samples, activations, node times.
+
+* :func:`samples`: the calibration folder, or synthetic data with a loud warning.
+* :func:`activations`: the values of the tensors that can cross, from one run of
+  the optimized graph with them exposed.
+* :func:`node_times`: seconds per node on the edge and in the cloud, from a
+  built-in profile's roofline, a measured profile JSON, or ONNX Runtime's
+  profiler on this machine (an INT8 edge measured here: fp32 node times scaled
+  by the whole model's measured int8/fp32 ratio, :func:`precision_factor`).
+* :func:`convert`: a segment at the edge precision (QDQ INT8, fp16 or fp32).
+* :func:`timing_sample`: the activations the codec's speed is timed on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from splitinfer.partitioner.calibration import load_calibration, synthetic_calibration
+from splitinfer.partitioner.pipeline import Prepared
+from splitinfer.shared.manifest import TensorSpec
+
+if TYPE_CHECKING:
+    from splitinfer.partitioner.auto import AutoOptions
+
+Feed = dict[str, np.ndarray]
+Progress = Callable[[str], None]
+
+#: The codec's speed is timed on at most this many tensors and bytes of activations.
+TIMING_TENSORS = 16
+TIMING_BYTES = 32 * 2**20
+
+
+# -- samples and activations ---------------------------------------------------------
+
+
+def samples(
+    prepared: Prepared, inputs: list[TensorSpec], opts: AutoOptions, warn: Callable[[str], None]
+) -> list[Feed]:
+    a = prepared.analysis
+    if opts.calibration is not None:
+        return load_calibration(
+            opts.calibration, inputs, a.batch_symbol, preprocessing=opts.preprocessing
+        )
+    warn(
+        "no --calibration folder: calibrating INT8 and measuring quality on SYNTHETIC random "
+        "inputs; scales, agreement and the chosen cut may not hold for real data"
+    )
+    shapes = {k: (1, *v) for k, v in a.sample_input_shapes.items()}
+    return synthetic_calibration(inputs, opts.synthetic_samples, opts.seed, shapes)
+
+
+def stack(samples: Sequence[Feed]) -> Feed:
+    return {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+
+
+def session(model: onnx.ModelProto, optimize: bool) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], optimize: bool) -> Feed:
+    sess = session(model, optimize)
+    names = [o.name for o in sess.get_outputs()]
+    wanted = {i.name: feeds[i.name] for i in sess.get_inputs()}
+    return dict(zip(names, sess.run(names, wanted), strict=True))
+
+
+def activations(prepared: Prepared, feeds: Feed, names: Sequence[str]) -> Feed:
+    """The values of ``names`` (tensors of the optimized graph) for ``feeds``."""
+    from onnx import helper
+
+    a = prepared.analysis
+    probe = onnx.ModelProto()
+    probe.CopyFrom(a.model)
+    existing = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in existing and name not in feeds:
+            elem = helper.np_dtype_to_tensor_dtype(np.dtype(a.tensors[name].dtype))
+            probe.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    out = run(probe, feeds, optimize=False)
+    out.update(feeds)
+    return {n: np.asarray(out[n]) for n in names if n in out}
+
+
+# -- node times ---------------------------------------------------------------------
+
+
+def node_times(
+    prepared: Prepared,
+    opts: AutoOptions,
+    calib: list[Feed],
+    notes: list[str],
+    progress: Progress,
+) -> tuple[dict[str, float], dict[str, float], dict[int, dict[str, float]], float]:
+    from splitinfer.partitioner.profiler import measure_nodes
+    from splitinfer.partitioner.profiles import node_times, resolve_profile
+
+    a = prepared.analysis
+    sha = prepared.source.sha256
+    host = None
+    overhead = 0.0
+    if opts.edge_profile is None or opts.cloud_profile is None:
+        progress("measuring per-node latency on this machine (ONNX Runtime profiler)")
+        pool = stack(calib)
+
+        def feeds_for(batch: int) -> Feed:
+            idx = np.arange(batch) % next(iter(pool.values())).shape[0]
+            return {k: v[idx] for k, v in pool.items()}
+
+        host = measure_nodes(
+            a.model,
+            feeds_for,
+            batch_sizes=(1, 8),
+            runs=7,
+            warmup=2,
+            analysis=a,
+            source_sha256=sha,
+        )
+        overhead = max(0.0, host.overhead_s.get(1, 0.0))
+    edge_src = resolve_profile(opts.edge_profile, "edge") if opts.edge_profile else host
+    cloud_src = resolve_profile(opts.cloud_profile, "cloud") if opts.cloud_profile else host
+    assert edge_src is not None
+    assert cloud_src is not None
+    edge_prec = "fp32" if edge_src is host else opts.precision
+    edge = node_times(a, edge_src, edge_prec, 1, model_sha256=sha)
+    notes += [f"edge: {edge.source}", *edge.notes]
+    edge_t = dict(edge.times)
+    if edge_src is host and opts.precision != "fp32":
+        factor = precision_factor(prepared, opts, calib)
+        edge_t = {k: v * factor for k, v in edge_t.items()}
+        notes.append(
+            f"edge at {opts.precision}: fp32 node times on this machine x {factor:.2f} "
+            "(the whole model's measured ratio)"
+        )
+    cloud = node_times(a, cloud_src, "fp32", 1, model_sha256=sha)
+    notes += [f"cloud: {cloud.source}", *cloud.notes]
+    by_batch = {b: node_times(a, cloud_src, "fp32", b, model_sha256=sha).times for b in (8, 32)}
+    return edge_t, dict(cloud.times), by_batch, overhead
+
+
+def precision_factor(prepared: Prepared, opts: AutoOptions, calib: list[Feed]) -> float:
+    """Measured wall time of the whole model at the edge precision / at fp32."""
+    import time
+
+    full = prepared.optimized
+    low = convert(full, opts, calib[: max(8, len(calib) // 2)])
+    feeds = calib[0]
+    times = []
+    for model in (full, low):
+        sess = session(model, optimize=True)
+        names = [o.name for o in sess.get_outputs()]
+        wanted = {i.name: feeds[i.name] for i in sess.get_inputs()}
+        for _ in range(2):
+            sess.run(names, wanted)
+        runs = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            sess.run(names, wanted)
+            runs.append(time.perf_counter() - t0)
+        times.append(float(np.median(runs)))
+    return times[1] / max(times[0], 1e-9)
+
+
+def runtime(opts: AutoOptions) -> str:
+    from splitinfer.partitioner.quantize import runtime_for_profile
+
+    return runtime_for_profile(opts.edge_profile)
+
+
+def convert(model: onnx.ModelProto, opts: AutoOptions, calib: Sequence[Feed]) -> onnx.ModelProto:
+    """The edge segment at the edge precision."""
+    if opts.precision == "fp32":
+        return model
+    if opts.precision == "fp16":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        out: onnx.ModelProto = convert_float_to_float16(model, keep_io_types=True)
+        return out
+    from splitinfer.partitioner.quantize import config_for, quantize_model
+
+    cfg = config_for(runtime(opts), opts.calibration_method)
+    return quantize_model(model, calib, cfg)
+
+
+def timing_sample(floats: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """At most :data:`TIMING_TENSORS` tensors spread through the graph and
+    :data:`TIMING_BYTES`, to time the codec on: its speed is the codec's, not the
+    tensor's, and every tensor timed costs a few codec calls per sample."""
+    names = [n for n in floats if floats[n].nbytes <= TIMING_BYTES] or list(floats)[:1]
+    if len(names) > TIMING_TENSORS:
+        idx = np.linspace(0, len(names) - 1, TIMING_TENSORS).round().astype(int)
+        names = [names[i] for i in sorted(set(idx.tolist()))]
+    picked: dict[str, np.ndarray] = {}
+    total = 0
+    for n in names:
+        arr = floats[n] if floats[n].nbytes <= TIMING_BYTES else floats[n][:1]
+        if picked and total + arr.nbytes > TIMING_BYTES:
+            continue
+        picked[n] = arr
+        total += arr.nbytes
+    return picked
