@@ -36,9 +36,9 @@ def adapt_measured(
     ``opts`` is its ``AutoOptions``. When the choice can depend on the adapted
     utility (``--max-accuracy-drop``) or several cuts are packaged
     (``--candidates``), every split cut gets a short fine-tune and its measured
-    accuracy drop and wire bytes replace the un-adapted ones; then the cut that
-    ranks first gets the rest of the budget. Otherwise only the cut that ranks
-    first is adapted, with the whole budget.
+    accuracy drop and wire bytes replace the un-adapted ones; then the split
+    cut that ranks first gets the rest of the budget. Otherwise only that cut
+    is adapted, with the whole budget.
     """
     from splitinfer.shared.costs import rank
 
@@ -93,8 +93,9 @@ def adapt_measured(
             one(m, each)
     costs = [m.cost for m in measured.values()]
     ranked = rank(costs, opts.link, opts.objective, opts.constraints)
-    best = measured[ranked[0].cost.cut_id]
-    if best in split:
+    # the best split cut: the winner, or the one the edge agent switches to first
+    best = next((m for r in ranked if (m := measured[r.cost.cut_id]) in split), None)
+    if best is not None:
         left = max(adapt.seconds - (time.perf_counter() - t0), 0.2 * adapt.seconds)
         progress(f"adapting the chosen cut {best.art.plan.id} for {left:.0f} s")
         one(best, left)
