@@ -246,7 +246,7 @@ def test_flag_errors_are_one_line(
     message: str,
 ) -> None:
     model = str(digits["model"])
-    assert partition([model, "--split", "auto", "-o", str(tmp_path / "o"), *extra]) == 2
+    assert partition([model, "--split", "auto", "-o", str(tmp_path / "o"), "-q", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err
     assert len(err.splitlines()) == 1
