@@ -116,6 +116,20 @@ def test_the_manifest_records_the_adaptation(digits: Mapping[str, object]) -> No
     assert all(c.adaptation is None for c in plain.cuts)
 
 
+def test_the_adapted_manifest_matches_the_schema(digits: Mapping[str, object]) -> None:
+    import jsonschema
+
+    from splitinfer.shared.manifest import SCHEMA_PATH
+
+    data = json.loads((_pkg(digits) / "manifest.json").read_text())
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    data["cuts"][-1]["quality"]["adaptation"] = {"adapted": "yes"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    with pytest.raises(PackageError, match=r"adaptation\.adapted: 'yes' is not true or false"):
+        Manifest.from_dict(data)
+
+
 def test_an_adaptation_for_another_mechanism_is_refused(digits: Mapping[str, object]) -> None:
     path = _pkg(digits) / "manifest.json"
     data = json.loads(path.read_text())
@@ -258,3 +272,79 @@ def test_adapt_cloud_goes_with_split_auto(
     model = str(digits["model"])
     assert partition([model, "--split", CUT, "-o", str(tmp_path / "o"), "--adapt-cloud"]) == 2
     assert "--adapt-cloud go(es) with --split auto" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_the_choice_ranks_cuts_on_their_adapted_accuracy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With --max-accuracy-drop, each split cut gets a short fine-tune and its adapted
+    drop decides; the fastest cut that meets the bound then gets the long one."""
+    from dataclasses import dataclass, field
+    from types import SimpleNamespace
+
+    from splitinfer.partitioner import adapt_auto
+    from splitinfer.partitioner.adapt import AdaptOptions
+    from splitinfer.partitioner.dp import privacy_spec
+    from splitinfer.shared.costs import Constraints, CutCost, rank
+    from splitinfer.shared.links import Link
+
+    @dataclass
+    class Art:
+        plan: SimpleNamespace
+        edge: object = "edge"
+        cloud: object = "cloud"
+        tensors: tuple[()] = ()
+        quant: dict[str, object] = field(default_factory=dict)
+        quality: dict[str, object] = field(default_factory=dict)
+        files: dict[str, bytes] = field(default_factory=dict)
+
+    @dataclass
+    class Measured:
+        art: Art
+        cost: CutCost
+
+    # c1 is the fastest but stays poor under noise; c2 adapts well; c3 is slow
+    after = {"c1": 0.5, "c2": 0.97, "c3": 0.98}
+    budgets: list[tuple[str, float]] = []
+
+    def fake(*args: object, **kwargs: object) -> SimpleNamespace:
+        what, seconds = str(args[13]), float(args[11])  # type: ignore[arg-type]
+        budgets.append((what, seconds))
+        record = {"utility_before": 0.3, "utility_after": after[what], "steps": 1, "seconds": 0.1}
+        wire = SimpleNamespace(
+            codec="int8+zstd", quant={}, dictionary=None, wire_bytes=40.0, summary=lambda: {}
+        )
+        return SimpleNamespace(
+            record={**record, "adapted": True}, wire=wire, utility=after[what], edge=1, cloud=2
+        )
+
+    monkeypatch.setattr(adapt_auto, "adapt_cut", fake)
+    monkeypatch.setattr(adapt_auto, "run_model", lambda *a, **k: {"y": np.zeros((2, 3))})
+    measured = {
+        c: Measured(
+            Art(SimpleNamespace(id=c, crossing=("t",))),
+            CutCost(c, edge_s=s, up_bytes=100, accuracy_drop=0.7),
+        )
+        for c, s in (("c1", 0.001), ("c2", 0.002), ("c3", 0.010))
+    }
+    opts = SimpleNamespace(
+        adapt=AdaptOptions(seconds=10.0),
+        privacy=privacy_spec(64.0, 1e-5, 1.0),
+        bottleneck=None,
+        constraints=Constraints(max_accuracy_drop=0.05),
+        candidates=1,
+        link=Link.fixed(5e6, 20e6, 0.05),
+        objective="latency",
+    )
+    prepared = SimpleNamespace(analysis=SimpleNamespace(outputs=["y"]), optimized=None)
+    adapt_auto.adapt_measured(prepared, measured, opts, {}, {}, {"y": np.zeros((2, 3))}, print)
+    assert [w for w, _ in budgets[:3]] == ["c1", "c2", "c3"]  # a short fine-tune each
+    assert all(s == pytest.approx(10.0 * adapt_auto.SHORT_SHARE / 3) for _, s in budgets[:3])
+    assert budgets[3][0] == "c2"  # the fastest that meets the bound gets the rest
+    assert budgets[3][1] > budgets[0][1]
+    assert measured["c2"].cost.accuracy_drop == pytest.approx(0.03)
+    assert measured["c2"].cost.up_bytes == 40
+    chosen = rank([m.cost for m in measured.values()], opts.link, "latency", opts.constraints)
+    assert chosen[0].cost.cut_id == "c2"
+    assert measured["c2"].art.quality["adaptation"]["utility_before"] == 0.3
