@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -76,6 +76,9 @@ from splitinfer.shared.links import Link
 from splitinfer.shared.manifest import PrivacySpec, TensorSpec
 from splitinfer.shared.preprocess import PreprocessSpec
 
+if TYPE_CHECKING:
+    from splitinfer.partitioner.adapt import AdaptOptions
+
 Feed = dict[str, np.ndarray]
 Progress = Callable[[str], None]
 
@@ -103,6 +106,8 @@ class AutoOptions:
     candidates: int = 1
     privacy: PrivacySpec | None = None
     bottleneck: int | None = None
+    #: ``--adapt-cloud``: fine-tune the cloud segment for the noise (``partitioner/adapt.py``).
+    adapt: AdaptOptions | None = None
     #: How the cloud-only cut's inputs travel (``--input-codec``).
     input_codec: InputCodec = field(default_factory=InputCodec)
     #: Declared picture -> input preprocessing (``--preprocess``): how a calibration
@@ -123,6 +128,8 @@ class AutoOptions:
             raise ConfigError(f"--bottleneck {self.bottleneck}: must be at least 1")
         if self.bottleneck is not None and self.privacy is None:
             raise ConfigError("--bottleneck goes with --epsilon (it shapes the privacy noise)")
+        if self.adapt is not None and self.privacy is None:
+            raise ConfigError("--adapt-cloud goes with --epsilon (it trains for the privacy noise)")
         m = self.min_agreement
         if m is not None and not (math.isfinite(m) and 0 < m <= 1):
             raise ConfigError(f"--min-agreement {m!r}: must be in (0, 1]")
@@ -235,6 +242,10 @@ def auto_split(
             f"{opts.precision} edge, codec, checks"
         )
         measured[plan.id] = _build(prepared, plan, cost, opts, calib, calib_stack, held, reference)
+    if opts.adapt is not None:
+        from splitinfer.partitioner.adapt_auto import adapt_measured
+
+        adapt_measured(prepared, measured, opts, calib_stack, _stack(held), reference, progress)
 
     final = [m.cost for m in measured.values()]
     ranked = rank(final, opts.link, opts.objective, opts.constraints)

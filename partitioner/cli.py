@@ -145,6 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --epsilon: PCA-project single-tensor cuts to K dims first",
     )
     auto.add_argument(
+        "--adapt-cloud",
+        action="store_true",
+        help="with --epsilon: fine-tune the cloud segment (and the --bottleneck encoder) for "
+        "the noise, by distillation from the fp32 model on the calibration samples",
+    )
+    auto.add_argument(
+        "--adapt-seconds",
+        type=float,
+        metavar="S",
+        help="time budget of --adapt-cloud in seconds (default 30)",
+    )
+    auto.add_argument(
         "--edge-fallback",
         action="store_true",
         help="also package the whole model for the edge to run when no cloud answers",
@@ -403,10 +415,13 @@ def _refuse_auto_only(args: argparse.Namespace) -> None:
         "epsilon",
         "clip",
         "bottleneck",
+        "adapt_seconds",
     )
     given = [f"--{n.replace('_', '-')}" for n in only if getattr(args, n) is not None]
     if args.candidates != 1:
         given.append("--candidates")
+    if args.adapt_cloud:
+        given.append("--adapt-cloud")
     if given:
         raise ConfigError(f"{', '.join(given)} go(es) with --split auto")
 
@@ -451,6 +466,7 @@ def _options(args: argparse.Namespace) -> AutoOptions:
         if args.epsilon is None or args.clip is None:
             raise ConfigError("privacy needs both --epsilon and --clip (and optionally --delta)")
         privacy = privacy_spec(args.epsilon, args.delta, args.clip)
+    adapt = _adapt_options(args)
     constraints = Constraints(
         edge_memory_bytes=_size(args.edge_memory) if args.edge_memory else None,
         max_latency_s=parse_duration(args.max_latency) if args.max_latency else None,
@@ -469,9 +485,24 @@ def _options(args: argparse.Namespace) -> AutoOptions:
         candidates=args.candidates,
         privacy=privacy,
         bottleneck=args.bottleneck,
+        adapt=adapt,
         input_codec=InputCodec.parse(args.input_codec or "auto"),
         preprocessing=args.preprocessing,
     )
+
+
+def _adapt_options(args: argparse.Namespace) -> Any:
+    """``--adapt-cloud`` / ``--adapt-seconds`` as ``AdaptOptions`` (None when off)."""
+    if args.adapt_seconds is not None and not args.adapt_cloud:
+        raise ConfigError("--adapt-seconds goes with --adapt-cloud")
+    if not args.adapt_cloud:
+        return None
+    if args.epsilon is None:
+        raise ConfigError("--adapt-cloud goes with --epsilon (it trains for the privacy noise)")
+    from splitinfer.partitioner.adapt import DEFAULT_SECONDS, AdaptOptions
+
+    seconds = DEFAULT_SECONDS if args.adapt_seconds is None else args.adapt_seconds
+    return AdaptOptions(seconds=seconds)
 
 
 def _auto(args: argparse.Namespace, prepared: Prepared, progress: Progress) -> int:

@@ -226,3 +226,44 @@ def _batch_dim(vi: onnx.ValueInfoProto) -> int | str:
 
 def _vi(name: str, shape: list[int | str]) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
+
+
+def soften_bottleneck(edge: onnx.ModelProto, projected: str) -> onnx.ModelProto:
+    """Turn the edge's PCA projection ``projected`` into a learnable soft code.
+
+    After the projection ``z`` (``[batch, k]``) come ``softmax(z + bias)``, minus
+    ``center``, times ``scale``: a confident input then lands on one vertex of a
+    regular simplex, the code that tolerates the most noise at a given clip
+    (``partitioner.adapt`` trains all of it). The tensor that crosses the cut
+    keeps its name and shape, so the cloud segment is unchanged. Initial values:
+    bias 0, center 1/k, scale 1.
+    """
+    edge = _copy(edge)
+    g = edge.graph
+    node = next((n for n in g.node if n.output and n.output[0] == projected), None)
+    if node is None:
+        raise CutError(f"soft code: the edge segment does not compute {projected!r}")
+    k = next(_dims(o)[1] for o in g.output if o.name == projected)
+    p = projected
+    node.output[0] = f"{p}__z"
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.zeros(k, np.float32), f"{p}__bias"),
+            numpy_helper.from_array(np.full(k, 1.0 / k, np.float32), f"{p}__center"),
+            numpy_helper.from_array(np.ones(1, np.float32), f"{p}__scale"),
+        ]
+    )
+    g.node.extend(
+        [
+            helper.make_node("Add", [f"{p}__z", f"{p}__bias"], [f"{p}__a"], name=f"{p}__addbias"),
+            helper.make_node("Softmax", [f"{p}__a"], [f"{p}__s"], axis=1, name=f"{p}__softmax"),
+            helper.make_node("Sub", [f"{p}__s", f"{p}__center"], [f"{p}__sc"], name=f"{p}__ctr"),
+            helper.make_node("Mul", [f"{p}__sc", f"{p}__scale"], [p], name=f"{p}__scale"),
+        ]
+    )
+    onnx.checker.check_model(edge)
+    return edge
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list[int]:
+    return [int(d.dim_value) for d in vi.type.tensor_type.shape.dim]

@@ -8,6 +8,7 @@ first and refuses a newer version with a clear message; the JSON schema in
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,61 @@ class QuantSpec:
 
 
 @dataclass(frozen=True)
+class Adaptation:
+    """A cut's ``quality.adaptation``: its cloud segment was fine-tuned for the noise.
+
+    Written by ``partition --adapt-cloud`` (``partitioner/adapt.py``): for which
+    mechanism (epsilon, delta, clip C, noise multiplier z, bottleneck width K or
+    None), on how many calibration samples, and the top-1 agreement with the
+    fp32 model under that mechanism on held-out samples before and after.
+    ``adapted`` is false when the fine-tune did not help and the cut kept its
+    segments. The mechanism is the package's ``privacy``: a package whose
+    ``privacy`` differs from an adapted cut's is refused.
+    """
+
+    adapted: bool
+    epsilon: float
+    delta: float
+    clip: float
+    noise_multiplier: float
+    bottleneck: int | None
+    samples: int
+    utility_before: float
+    utility_after: float
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> Adaptation:
+        obj = _obj(data, where)
+        adapted = obj.get("adapted")
+        if not isinstance(adapted, bool):
+            raise PackageError(f"{where}.adapted: {adapted!r} is not true or false")
+        nums = {}
+        for key in ("epsilon", "delta", "clip", "noise_multiplier"):
+            v = obj.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise PackageError(f"{where}.{key}: {v!r} is not a positive number")
+            nums[key] = float(v)
+        for key in ("utility_before", "utility_after"):
+            v = obj.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
+                raise PackageError(f"{where}.{key}: {v!r} is not a fraction in [0, 1]")
+            nums[key] = float(v)
+        k = obj.get("bottleneck")
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise PackageError(f"{where}.bottleneck: {k!r} is not a width >= 1 or null")
+        n = obj.get("samples")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise PackageError(f"{where}.samples: {n!r} is not a sample count >= 1")
+        return cls(adapted=adapted, bottleneck=k, samples=n, **nums)
+
+    def matches(self, privacy: PrivacySpec) -> bool:
+        """Whether this adaptation was made for exactly ``privacy``'s mechanism."""
+        mine = (self.epsilon, self.delta, self.clip, self.noise_multiplier)
+        theirs = (privacy.epsilon, privacy.delta, privacy.clip, privacy.noise_multiplier)
+        return all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(mine, theirs, strict=True))
+
+
+@dataclass(frozen=True)
 class Cut:
     """One cut of the model: its tensors, its two segments and how it travels.
 
@@ -202,6 +258,8 @@ class Cut:
             predicted=dict(_obj(obj.get("predicted", {}), f"{where}.predicted")),
             quality=dict(_obj(obj.get("quality", {}), f"{where}.quality")),
         )
+        if "adaptation" in cut.quality:
+            Adaptation.from_dict(cut.quality["adaptation"], f"{where}.quality.adaptation")
         if kind != "none" and cut.edge is None:
             raise PackageError(f"{where}.edge: missing (a {kind!r} cut runs an edge segment)")
         if kind != "all" and cut.cloud is None:
@@ -210,6 +268,14 @@ class Cut:
 
     def segments(self) -> tuple[Segment, ...]:
         return tuple(s for s in (self.edge, self.cloud) if s is not None)
+
+    @property
+    def adaptation(self) -> Adaptation | None:
+        """How the cloud segment was fine-tuned for the privacy noise (None: it was not)."""
+        data = self.quality.get("adaptation")
+        if data is None:
+            return None
+        return Adaptation.from_dict(data, f"cuts[{self.id}].quality.adaptation")
 
 
 @dataclass(frozen=True)
@@ -278,6 +344,14 @@ class Manifest:
             raise PackageError(
                 f"manifest.default_cut: {self.default_cut!r} is not among the cuts {ids}"
             )
+        for c in self.cuts:
+            adapted = c.adaptation
+            if adapted is not None and (self.privacy is None or not adapted.matches(self.privacy)):
+                raise PackageError(
+                    f"manifest.cuts[{c.id}].quality.adaptation: made for epsilon "
+                    f"{adapted.epsilon:g}, delta {adapted.delta:g}, clip {adapted.clip:g}, but the "
+                    f"package's privacy is {self.privacy}; re-run partition --adapt-cloud"
+                )
         inputs = {t.name: t for t in self.inputs}
         for name, spec in self.preprocessing.items():
             where = f"manifest.preprocessing.{name}"

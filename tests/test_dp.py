@@ -16,6 +16,7 @@ from splitinfer.partitioner.dp import (
     fit_bottleneck,
     noise_batch,
     privacy_spec,
+    soften_bottleneck,
     utility,
 )
 from splitinfer.partitioner.pipeline import artifacts_for, prepare
@@ -133,3 +134,22 @@ def test_utility_falls_with_epsilon(split: tuple) -> None:
     assert score(None) == 1.0
     assert score(0.05) < 0.5  # noise far above the signal: little better than chance (1/12)
     assert score(256.0) > score(0.05)
+
+
+def test_soft_code_keeps_the_crossing_and_lands_on_the_simplex(split: tuple) -> None:
+    _, plan, edge, cloud = split
+    (t,) = plan.crossing
+    x = np.random.default_rng(5).standard_normal((40, 12)).astype(np.float32)
+    acts = run(edge, {"x": x})[t]
+    bn = fit_bottleneck(t, acts, k=4)
+    e2, c2 = apply_bottleneck(edge, cloud, bn)
+    soft = soften_bottleneck(e2, bn.projected)
+    assert [o.name for o in soft.graph.output] == [bn.projected]
+    z = run(e2, {"x": x[:6]})[bn.projected]
+    code = run(soft, {"x": x[:6]})[bn.projected]
+    want = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True) - 0.25  # bias 0, scale 1
+    np.testing.assert_allclose(code, want, atol=1e-5)
+    np.testing.assert_allclose(code.sum(axis=1), 0.0, atol=1e-5)  # centred: the simplex plane
+    assert run(c2, {bn.projected: code})["y"].shape == (6, 12)  # the cloud takes it unchanged
+    with pytest.raises(CutError, match="does not compute 'nope'"):
+        soften_bottleneck(e2, "nope")
