@@ -210,9 +210,10 @@ class CutSpace:
         remat: list[str] = []
         sources: dict[int, str] = {}  # Shape/Size node -> the edge-side tensor it reads
         seen: set[str] = set()
-        need: list[tuple[str, bool]] = [(n, False) for n in a.outputs]
+        chain: set[str] = set()  # inputs of a recomputed shape chain
+        need = list(a.outputs)
         while need:
-            name, in_chain = need.pop()
+            name = need.pop()
             if name in seen:
                 continue
             seen.add(name)
@@ -227,7 +228,7 @@ class CutSpace:
             if p in unit_of:
                 if not edge_units >> unit_of[p] & 1:
                     cloud.add(p)
-                    need.extend((n, False) for n in a.node_inputs[p])
+                    need.extend(a.node_inputs[p])
                 elif info.batched or (edge_units == self.full and name in a.outputs):
                     crossing.append(name)
                 else:
@@ -238,6 +239,7 @@ class CutSpace:
                 continue
             # shape arithmetic and other non-batched work: computed on every side that
             # needs it, from what that side has
+            in_chain = name in chain
             if not in_chain and self.near[p] & ~edge_units == 0:
                 remat.append(name)
                 in_chain = True
@@ -246,7 +248,9 @@ class CutSpace:
             if source is not None:
                 sources[p] = source
                 continue
-            need.extend((n, in_chain) for n in a.node_inputs[p])
+            if in_chain:
+                chain.update(a.node_inputs[p])
+            need.extend(a.node_inputs[p])
         rebuilt = self._rebuild_shapes(sources, crossing)
         edge: set[int] = set()
         need_edge = [c for c in crossing if not tensors[c].is_input]
