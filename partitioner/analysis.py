@@ -157,10 +157,7 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
     """Infer types, run the graph at two batch sizes and at a second size of each
     free dimension, classify every tensor."""
     sample_shapes = analysis_input_shapes(model, overrides)
-    try:
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, ValueError) as exc:
-        raise ModelError(f"shape inference failed: {str(exc).splitlines()[0]}") from exc
+    _infer_types(model)
     graph = model.graph
     node_inputs = [
         [n for n in node.input if n] + subgraph_outer_inputs(node) for node in graph.node
@@ -263,6 +260,38 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
         for node in nodes
     ]
     return analysis
+
+
+#: Initializers larger than this (bytes) are hidden from shape inference.
+_BIG_INITIALIZER = 1 << 12
+
+
+def _infer_types(model: onnx.ModelProto) -> None:
+    """Add the inferred value infos to ``model`` in place (its types are all analysis uses).
+
+    Shape inference copies the model it reads; the weights are parked for it as
+    external data (it reads only their dims), so a large model is not copied.
+    """
+    parked: list[tuple[onnx.TensorProto, bytes]] = []
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.DEFAULT and len(t.raw_data) > _BIG_INITIALIZER:
+            parked.append((t, t.raw_data))
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            entry = t.external_data.add()
+            entry.key, entry.value = "location", "parked-for-shape-inference"
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError) as exc:
+        raise ModelError(f"shape inference failed: {str(exc).splitlines()[0]}") from exc
+    finally:
+        for t, data in parked:
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = data
+        del parked
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
 
 
 def _free_groups(
@@ -387,6 +416,9 @@ class _ShapeProber:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.log_severity_level = 4
+        # no arena, no prepacked weights: memory goes back as each activation dies
+        opts.enable_cpu_mem_arena = False
+        opts.add_session_config_entry("session.disable_prepacking", "1")
         try:
             self.sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT's own exception types
