@@ -71,6 +71,9 @@ class TensorInfo:
     dims: tuple[tuple[int, ...], ...] = ()
     is_input: bool = False
     is_initializer: bool = False
+    #: A non-batched integer vector (a shape value) that was the same in every run,
+    #: flattened; the cloud gets it as a constant instead of recomputing it.
+    value: tuple[int, ...] | None = None
 
     @property
     def bytes_per_sample(self) -> int:
@@ -180,7 +183,18 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
                     f"{node.op_type}); shape inference gave no type"
                 )
 
-    prober = _ShapeProber(model, nodes, inputs_vi)
+    # shape values (int vectors) also come back by value, to tell fixed ones from the rest
+    vis = {vi.name: vi for vi in graph.value_info}
+    small_ints = [
+        name
+        for node in nodes
+        for name in node.output
+        if name in vis
+        and value_types[name] in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+        and len(vis[name].type.tensor_type.shape.dim) <= 1
+        and vis[name].type.tensor_type.HasField("shape")
+    ]
+    prober = _ShapeProber(model, nodes, inputs_vi, small_ints)
     batches: tuple[int | None, ...] = BATCHES if batch_symbol is not None else (None,)
     runs = [prober.run(b, sample_shapes) for b in batches]
     free = _free_groups(inputs_vi, sample_shapes)
@@ -200,6 +214,7 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
             batches = (*batches, batches[0])
             break
         free_dims.append(FreeDim(symbol, tuple(axes), size, alt))
+    values = prober.values
     del prober
 
     batch_sig = tuple(b for b in batches) if batch_symbol is not None else None
@@ -213,6 +228,9 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
         shapes = [r[name] for r in runs]
         info = TensorInfo(name=name, dtype=dtype, producer=producer)
         _classify(info, shapes, batch_sig, batch_symbol, symbol_of, _static_batch(inputs_vi))
+        seen = [v.get(name) for v in values]
+        if not info.batched and seen[0] is not None and all(v == seen[0] for v in seen):
+            info.value = seen[0]
         return info
 
     tensors: dict[str, TensorInfo] = {}
@@ -383,10 +401,13 @@ class _ShapeProber:
         model: onnx.ModelProto,
         nodes: list[onnx.NodeProto],
         inputs: list[onnx.ValueInfoProto],
+        by_value: list[str],
     ) -> None:
         import onnxruntime as ort
 
         self.inputs = inputs
+        self.by_value = by_value
+        self.values: list[dict[str, tuple[int, ...]]] = []
         graph = model.graph
         n_nodes, n_outputs = len(graph.node), len(graph.output)
         self.names: list[str] = []
@@ -406,6 +427,9 @@ class _ShapeProber:
         del graph.output[:]
         for out in self.shape_names:
             graph.output.append(helper.make_tensor_value_info(out, onnx.TensorProto.INT64, None))
+        types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.value_info}
+        for name in by_value:
+            graph.output.append(helper.make_tensor_value_info(name, types[name], None))
         try:
             data = model.SerializeToString()
         finally:
@@ -444,14 +468,21 @@ class _ShapeProber:
                 shape = lead + sample_shapes[vi.name]
             feeds[vi.name] = _feed(vi, shape, rng)
         try:
-            values = self.sess.run(self.shape_names, feeds, self.run_opts)
+            values = self.sess.run([*self.shape_names, *self.by_value], feeds, self.run_opts)
         except Exception as exc:  # ORT's own exception types
             where = f"batch {batch}, " if batch is not None else ""
             sizes = ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in feeds.items())
             raise ModelError(
                 f"ONNX Runtime cannot run the model at {where}{sizes}: {_first(exc)}"
             ) from exc
-        result = {n: tuple(int(d) for d in v) for n, v in zip(self.names, values, strict=True)}
+        result = {n: tuple(int(d) for d in v) for n, v in zip(self.names, values, strict=False)}
+        small = values[len(self.names) :]
+        self.values.append(
+            {
+                n: tuple(int(x) for x in np.asarray(v).reshape(-1))
+                for n, v in zip(self.by_value, small, strict=True)
+            }
+        )
         result.update({k: tuple(v.shape) for k, v in feeds.items()})
         return result
 

@@ -71,6 +71,8 @@ class CutPlan:
     #: Shape/Size nodes whose input stays on the edge, computed on the cloud from the
     #: sizes of tensors it receives: node index -> per axis (tensor, axis) or ("", size).
     rebuilt: tuple[tuple[int, tuple[DimSource, ...]], ...] = ()
+    #: Shape values the same in every analysis run: constants in the cloud segment.
+    constants: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -209,6 +211,7 @@ class CutSpace:
         crossing: list[str] = []
         remat: list[str] = []
         sources: dict[int, str] = {}  # Shape/Size node -> the edge-side tensor it reads
+        constants: list[str] = []
         seen: set[str] = set()
         chain: set[str] = set()  # inputs of a recomputed shape chain
         need = list(a.outputs)
@@ -243,6 +246,9 @@ class CutSpace:
             if not in_chain and self.near[p] & ~edge_units == 0:
                 remat.append(name)
                 in_chain = True
+            if info.value is not None:  # the same in every run: a constant on the cloud
+                constants.append(name)
+                continue
             cloud.add(p)
             source = self._shape_source(p, edge_units)
             if source is not None:
@@ -252,6 +258,7 @@ class CutSpace:
                 chain.update(a.node_inputs[p])
             need.extend(a.node_inputs[p])
         rebuilt = self._rebuild_shapes(sources, crossing)
+        constants = [c for c in constants if tensors[c].producer not in cloud]
         edge: set[int] = set()
         need_edge = [c for c in crossing if not tensors[c].is_input]
         seen = set()
@@ -283,6 +290,7 @@ class CutSpace:
             edge_flops=edge_flops,
             cloud_flops=cloud_flops,
             rebuilt=tuple(sorted(rebuilt.items())),
+            constants=tuple(sorted(constants)),
         )
 
     def _shape_source(self, p: int, edge_units: int) -> str | None:

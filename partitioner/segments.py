@@ -70,6 +70,12 @@ def cloud_model(analysis: GraphAnalysis, plan: CutPlan) -> onnx.ModelProto:
     rebuilt = dict(plan.rebuilt)
     nodes: list[onnx.NodeProto] = []
     initializers: list[TensorProto] = []
+    for name in plan.constants:
+        info = analysis.tensors[name]
+        assert info.value is not None
+        value = np.array(info.value, dtype=info.dtype).reshape(info.sample_shape)
+        tensor = numpy_helper.from_array(value, f"{name}__value")
+        nodes.append(helper.make_node("Constant", [], [name], value=tensor))
     for i in plan.cloud_nodes:
         if i in rebuilt:
             r_nodes, r_inits = _rebuilt_shape(analysis, analysis.nodes[i], rebuilt[i])
