@@ -299,14 +299,15 @@ class CutSpace:
         node = a.nodes[p]
         if node.op_type not in SHAPE_OPS or not node.input:
             return None
-        info = a.tensors.get(node.input[0])
+        name: str = node.input[0]
+        info = a.tensors.get(name)
         if info is None or not info.batched or len(info.dims) != len(info.sample_shape) + 1:
             return None
         q = info.producer
         if q is None:
-            return node.input[0] if info.is_input else None
+            return name if info.is_input else None
         if q in self.unit_of and edge_units >> self.unit_of[q] & 1:
-            return node.input[0]
+            return name
         return None
 
     def _rebuild_shapes(

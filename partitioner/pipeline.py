@@ -298,7 +298,8 @@ def verify_arts(
     for art in arts:
         exact = art.tensors is None and art.edge_precision == art.cloud_precision == "fp32"
         cands.extend(candidates_for(prepared.analysis, art.plan, art.edge, art.cloud, exact))
-    verify(prepared.source.model, prepared.analysis, cands, progress)
+    source = prepared.source
+    verify(source.model, prepared.analysis, cands, progress, source_path=str(source.path))
 
 
 def _swap_into_place(tmp: Path, out_dir: Path) -> None:

@@ -45,6 +45,7 @@ class Candidate:
     edge: onnx.ModelProto | None
     cloud: onnx.ModelProto | None
     exact: bool  # fp32 segments of the plan: compare values too
+    what: str = "packaged segments"
 
 
 def sample_feeds(source: onnx.ModelProto, analysis: GraphAnalysis) -> list[tuple[str, Feeds]]:
@@ -91,12 +92,14 @@ def _random(vi: onnx.ValueInfoProto, shape: list[int], rng: np.random.Generator)
     return values
 
 
-def _session(model: onnx.ModelProto) -> Any:
+def _session(model: onnx.ModelProto | str) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    opts.enable_cpu_mem_arena = False  # a few runs each: give the memory back
+    src = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
 
 
 def _run(sess: Any, feeds: Feeds) -> Feeds:
@@ -114,10 +117,12 @@ def verify(
     analysis: GraphAnalysis,
     candidates: Sequence[Candidate],
     progress: Callable[[str], None] = lambda _: None,
+    source_path: str | None = None,
 ) -> int:
-    """Check every candidate against ``source``; returns the number of compositions run."""
+    """Check every candidate against ``source`` (read from ``source_path`` when given,
+    which keeps external weights mapped, not copied); returns the compositions run."""
     samples = sample_feeds(source, analysis)
-    src = _session(source)
+    src = _session(source_path or source)
     refs: list[tuple[str, Feeds, Feeds]] = []
     for label, feeds in samples:
         try:
@@ -126,8 +131,13 @@ def verify(
             continue
     del src
     runs = 0
+    edge = cloud = None
     for cand in candidates:
-        progress(f"verifying cut {cand.plan.id} against the source model ({len(refs)} input sizes)")
+        edge = cloud = None  # one cut's sessions at a time
+        progress(
+            f"verifying cut {cand.plan.id} ({cand.what}) against the source model "
+            f"at {len(refs)} input sizes"
+        )
         edge = None if cand.edge is None else _session(cand.edge)
         cloud = None if cand.cloud is None else _session(cand.cloud)
         for label, feeds, want in refs:
@@ -194,5 +204,5 @@ def candidates_for(
     if not exact:
         ref_edge = None if plan.kind == "none" else edge_model(analysis, plan)
         ref_cloud = None if plan.kind == "all" else cloud_model(analysis, plan)
-        out.append(Candidate(plan, ref_edge, ref_cloud, True))
+        out.append(Candidate(plan, ref_edge, ref_cloud, True, "fp32 reference segments"))
     return out
