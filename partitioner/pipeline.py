@@ -74,6 +74,12 @@ def prepare(
     optimized, reports = optimize(source.model, passes)
     progress("analysing shapes with ONNX Runtime")
     analysis = analyse(optimized, input_shapes or {})
+    for fd in analysis.free_dims:
+        if fd.alt is None:
+            progress(
+                f"note: the model runs at no second size of {fd.symbol} (analysed at "
+                f"{fd.size}); the segments are fixed to that size"
+            )
     space = CutSpace(analysis, max_cuts=max_cuts)
     return Prepared(source, optimized, reports, analysis, space)
 
