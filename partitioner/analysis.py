@@ -440,8 +440,10 @@ class _ShapeProber:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.log_severity_level = 4
-        # no arena, no prepacked weights: memory goes back as each activation dies
+        # no arena, no prepacked weights, and each Shape run as soon as its input is
+        # made (the default order leaves them to the end, every activation alive)
         opts.enable_cpu_mem_arena = False
+        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
         opts.add_session_config_entry("session.disable_prepacking", "1")
         try:
             self.sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
