@@ -135,6 +135,8 @@ def test_declared_output_shapes_are_not_trusted(
         out = tmp_path / plan.id
         manifest = write_package(prepared, plan, out)
         assert manifest.outputs[0].shape == spec, plan.id
+        if plan.kind == "split" and manifest.batch_dim:  # nothing seq-first crosses
+            assert all(t.shape[0] == manifest.batch_dim for t in manifest.cuts[0].tensors)
         for feed, ref in zip(feeds, want, strict=True):
             mid = dict(feed)
             if (out / "edge.onnx").exists():
