@@ -1,16 +1,25 @@
 """Shapes, dtypes and roles of every tensor of an optimized graph.
 
-The graph is run with ONNX Runtime at two batch sizes with every intermediate
-tensor exposed as an output. That gives, for each tensor:
+The graph is run with ONNX Runtime several times with the *shape* of every
+intermediate tensor exposed as an output (a ``Shape`` node per tensor, so ONNX
+Runtime frees each intermediate as it goes and analysis holds a few integers
+per tensor, not the activations): at batch 2 and 3 at the analysis shapes
+(``--input-shape``), and once per free input dimension (a sequence length, an
+image's H or W) at a second size of it. That gives, for each tensor:
 
-* whether it is *batched* (its leading dimension follows the batch size): only
-  batched tensors may cross a cut, because the cloud batches requests from
-  many devices along that axis;
-* its per-sample shape and dtype (for bytes on the wire and FLOPs);
-* for small non-batched tensors (shape arithmetic such as ``Shape -> Gather ->
-  Concat -> Reshape``), their value as ``a * batch + b`` per element, so a
-  segment that needs one whose producer sits on the other side can rebuild it
-  locally instead of shipping it or breaking the batch.
+* the size of each of its axes in every run (:attr:`TensorInfo.dims`): which
+  axis follows the batch, which follows a free input dimension, which is fixed;
+* whether it is *batched* (its leading axis follows the batch and nothing else
+  does): only batched tensors may cross a cut, because the cloud batches
+  requests from many devices along that axis;
+* its per-sample shape and dtype at the analysis shapes (for bytes on the wire
+  and FLOPs).
+
+Shape values (``Shape -> Gather -> Concat -> Reshape``) whose producer sits on
+the other side of a cut are recomputed on the cloud from the shapes of the cut
+tensors themselves (see :meth:`splitinfer.partitioner.cuts.CutSpace.plan`), so
+a segment runs at every size the source model runs at. The shapes come from
+running the graph, never from the shapes it declares.
 """
 
 from __future__ import annotations
@@ -20,31 +29,30 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from splitinfer.partitioner.loader import analysis_input_shapes, dims_of, graph_inputs
 from splitinfer.shared.errors import ModelError
 
-#: Largest non-batched tensor (elements) whose value is recorded for rebuilding.
-MAX_REMAT_ELEMENTS = 4096
+#: The batch sizes of the two analysis runs at the analysis shapes; probes run at the first.
+BATCHES = (2, 3)
+
+Dim = int | str | None  # a size, a symbol, or unknown
 
 
 @dataclass(frozen=True)
-class Remat:
-    """How to rebuild a small non-batched tensor from the batch size alone.
+class FreeDim:
+    """A free non-batch dimension of the model's inputs, varied by one analysis run.
 
-    Element ``i`` equals ``coeffs[i][0] * batch + coeffs[i][1]``; a tensor with
-    every ``a == 0`` is a constant.
+    ``axes`` are ``(input, axis)`` pairs (axis counted with the batch) that share the
+    symbol; ``size`` is the analysis size, ``alt`` the second size the model ran at,
+    or None when it ran at no other size (then the dimension is fixed to ``size``).
     """
 
-    dtype: str
-    shape: tuple[int, ...]
-    coeffs: tuple[tuple[int, int], ...] | None  # None: float constant in ``value``
-    value: tuple[float, ...] | None = None
-
-    @property
-    def is_constant(self) -> bool:
-        return self.coeffs is None or all(a == 0 for a, _ in self.coeffs)
+    symbol: str
+    axes: tuple[tuple[str, int], ...]
+    size: int
+    alt: int | None
 
 
 @dataclass
@@ -54,12 +62,18 @@ class TensorInfo:
     producer: int | None  # node index; None for model inputs and initializers
     consumers: list[int] = field(default_factory=list)
     batched: bool = False
-    # batched: shape of one sample; otherwise the full shape
+    # batched: shape of one sample; otherwise the full shape (at the analysis shapes)
     sample_shape: tuple[int, ...] = ()
-    symbolic: list[int | str | None] | None = None
-    remat: Remat | None = None
+    #: Full dimensions as the runs show them: the batch symbol, a free dimension's
+    #: symbol, a fixed size, or None (varies, but with no input dimension).
+    symbolic: list[Dim] | None = None
+    #: Per axis, its size in each analysis run (the axis's signature).
+    dims: tuple[tuple[int, ...], ...] = ()
     is_input: bool = False
     is_initializer: bool = False
+    #: A non-batched integer vector (a shape value) that was the same in every run,
+    #: flattened; the cloud gets it as a constant instead of recomputing it.
+    value: tuple[int, ...] | None = None
 
     @property
     def bytes_per_sample(self) -> int:
@@ -77,6 +91,10 @@ class GraphAnalysis:
     batch_symbol: str | None
     sample_input_shapes: dict[str, list[int]]
     data_node: list[bool] = field(default_factory=list)
+    #: The free non-batch dimensions of the inputs, as analysis varied them.
+    free_dims: list[FreeDim] = field(default_factory=list)
+    #: The batch size of each analysis run (None: the model's batch is static).
+    run_batches: tuple[int | None, ...] = ()
 
     def dtype_of(self, name: str) -> str:
         return self.tensors[name].dtype
@@ -139,12 +157,10 @@ def _feed(vi: onnx.ValueInfoProto, shape: list[int], rng: np.random.Generator) -
 
 
 def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAnalysis:
-    """Infer shapes, run the graph at two batch sizes, classify every tensor."""
+    """Infer types, run the graph at two batch sizes and at a second size of each
+    free dimension, classify every tensor."""
     sample_shapes = analysis_input_shapes(model, overrides)
-    try:
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, ValueError) as exc:
-        raise ModelError(f"shape inference failed: {str(exc).splitlines()[0]}") from exc
+    _infer_types(model)
     graph = model.graph
     node_inputs = [
         [n for n in node.input if n] + subgraph_outer_inputs(node) for node in graph.node
@@ -155,15 +171,67 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
 
     inputs_vi = graph_inputs(model)
     batch_symbol = _batch_symbol(inputs_vi)
-    batches = (2, 3) if batch_symbol is not None else (None,)
-
     value_types: dict[str, int] = {}
     for vi in [*graph.value_info, *graph.output, *graph.input]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             value_types[vi.name] = vi.type.tensor_type.elem_type
-    symbolic = {vi.name: dims_of(vi) for vi in [*graph.value_info, *graph.output, *inputs_vi]}
+    for node in nodes:
+        for name in node.output:
+            if name and name not in value_types:
+                raise ModelError(
+                    f"cannot determine the type of tensor {name!r} (node {node.name!r}, "
+                    f"{node.op_type}); shape inference gave no type"
+                )
 
-    runs = [_run_all(model, nodes, inputs_vi, sample_shapes, b, value_types) for b in batches]
+    # shape values (int vectors) also come back by value, to tell fixed ones from the rest
+    vis = {vi.name: vi for vi in graph.value_info}
+    small_ints = [
+        name
+        for node in nodes
+        for name in node.output
+        if name in vis
+        and value_types[name] in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+        and len(vis[name].type.tensor_type.shape.dim) <= 1
+        and vis[name].type.tensor_type.HasField("shape")
+    ]
+    prober = _ShapeProber(model, nodes, inputs_vi, small_ints)
+    batches: tuple[int | None, ...] = BATCHES if batch_symbol is not None else (None,)
+    runs = [prober.run(b, sample_shapes) for b in batches]
+    free = _free_groups(inputs_vi, sample_shapes)
+    free_dims: list[FreeDim] = []
+    for symbol, axes in free.items():
+        size = sample_shapes[axes[0][0]][axes[0][1] - 1]
+        alt = None
+        for cand in _alternatives(size):
+            shapes = {k: list(v) for k, v in sample_shapes.items()}
+            for inp, axis in axes:
+                shapes[inp][axis - 1] = cand
+            try:
+                runs.append(prober.run(batches[0], shapes))
+            except ModelError:
+                continue
+            alt = cand
+            batches = (*batches, batches[0])
+            break
+        free_dims.append(FreeDim(symbol, tuple(axes), size, alt))
+    values = prober.values
+    del prober
+
+    batch_sig = tuple(b for b in batches) if batch_symbol is not None else None
+    symbol_of: dict[tuple[int, ...], str] = {}
+    for fd in free_dims:
+        if fd.alt is not None:
+            inp, axis = fd.axes[0]
+            symbol_of.setdefault(tuple(r[inp][axis] for r in runs), fd.symbol)
+
+    def info_of(name: str, dtype: str, producer: int | None) -> TensorInfo:
+        shapes = [r[name] for r in runs]
+        info = TensorInfo(name=name, dtype=dtype, producer=producer)
+        _classify(info, shapes, batch_sig, batch_symbol, symbol_of, _static_batch(inputs_vi))
+        seen = [v.get(name) for v in values]
+        if not info.batched and seen[0] is not None and all(v == seen[0] for v in seen):
+            info.value = seen[0]
+        return info
 
     tensors: dict[str, TensorInfo] = {}
     for init in graph.initializer:
@@ -172,39 +240,21 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
             dtype=_np_dtype(init.data_type),
             producer=None,
             sample_shape=tuple(init.dims),
+            symbolic=list(init.dims),
+            dims=tuple((int(d),) * len(runs) for d in init.dims),
             is_initializer=True,
         )
     for vi in inputs_vi:
-        shp = tuple(runs[0][vi.name].shape)
-        batched = batch_symbol is not None and len(shp) > 0 and _is_batch_dim(vi)
-        tensors[vi.name] = TensorInfo(
-            name=vi.name,
-            dtype=str(runs[0][vi.name].dtype),
-            producer=None,
-            batched=batched,
-            sample_shape=shp[1:] if batched else shp,
-            symbolic=symbolic.get(vi.name),
-            is_input=True,
-        )
-    static_batch = _static_batch(inputs_vi) if batch_symbol is None else None
+        info = info_of(vi.name, _np_dtype(vi.type.tensor_type.elem_type), None)
+        info.is_input = True
+        info.batched = batch_symbol is not None and bool(info.dims) and _is_batch_dim(vi)
+        shp = tuple(d[0] for d in info.dims)
+        info.sample_shape = shp[1:] if info.batched else shp
+        tensors[vi.name] = info
     for idx, node in enumerate(nodes):
         for name in node.output:
-            if not name:
-                continue
-            if name not in runs[0]:
-                raise ModelError(
-                    f"cannot determine the type of tensor {name!r} (node {node.name!r}, "
-                    f"{node.op_type}); shape inference gave no type"
-                )
-            values = [r[name] for r in runs]
-            info = TensorInfo(
-                name=name,
-                dtype=str(values[0].dtype),
-                producer=idx,
-                symbolic=symbolic.get(name),
-            )
-            _classify(info, values, batches, static_batch)
-            tensors[name] = info
+            if name:
+                tensors[name] = info_of(name, _np_dtype(value_types[name]), idx)
     for idx, names in enumerate(node_inputs):
         for name in names:
             if name in tensors:
@@ -220,12 +270,69 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
         outputs=outputs,
         batch_symbol=batch_symbol,
         sample_input_shapes=sample_shapes,
+        free_dims=free_dims,
+        run_batches=batches,
     )
     analysis.data_node = [
         any(o and tensors[o].batched for o in node.output) or node.output[0] in outputs
         for node in nodes
     ]
     return analysis
+
+
+#: Initializers larger than this (bytes) are hidden from shape inference.
+_BIG_INITIALIZER = 1 << 12
+
+
+def _infer_types(model: onnx.ModelProto) -> None:
+    """Add the inferred value infos to ``model`` in place (its types are all analysis uses).
+
+    Shape inference copies the model it reads; the weights are parked for it as
+    external data (it reads only their dims), so a large model is not copied.
+    """
+    parked: list[tuple[onnx.TensorProto, bytes]] = []
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.DEFAULT and len(t.raw_data) > _BIG_INITIALIZER:
+            parked.append((t, t.raw_data))
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            entry = t.external_data.add()
+            entry.key, entry.value = "location", "parked-for-shape-inference"
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError) as exc:
+        raise ModelError(f"shape inference failed: {str(exc).splitlines()[0]}") from exc
+    finally:
+        for t, data in parked:
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = data
+        del parked
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+
+
+def _free_groups(
+    inputs: list[onnx.ValueInfoProto], sample_shapes: dict[str, list[int]]
+) -> dict[str, list[tuple[str, int]]]:
+    """Free non-batch input axes grouped by symbol (an unnamed axis is its own group)."""
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for vi in inputs:
+        for axis, d in enumerate(dims_of(vi)):
+            if axis == 0 or isinstance(d, int) or axis > len(sample_shapes[vi.name]):
+                continue
+            groups.setdefault(d or f"{vi.name}_dim{axis}", []).append((vi.name, axis))
+    return groups
+
+
+def _alternatives(size: int) -> list[int]:
+    """Second sizes to try for a free dimension: strided nets want multiples, models with
+    a largest length want smaller ones."""
+    out = [2 * size]
+    if size % 2 == 0 and size >= 4:
+        out.append(size // 2)
+    out.extend([size + 1, size - 1])
+    return [c for c in dict.fromkeys(out) if c >= 1 and c != size]
 
 
 def _is_batch_dim(vi: onnx.ValueInfoProto) -> bool:
@@ -252,96 +359,136 @@ def _static_batch(inputs: list[onnx.ValueInfoProto]) -> int | None:
 
 def _classify(
     info: TensorInfo,
-    values: list[np.ndarray],
-    batches: tuple[int | None, ...],
+    shapes: list[tuple[int, ...]],
+    batch_sig: tuple[int | None, ...] | None,
+    batch_symbol: str | None,
+    symbol_of: dict[tuple[int, ...], str],
     static_batch: int | None,
 ) -> None:
-    first = values[0]
-    if batches[0] is not None:
-        info.batched = all(
-            v.ndim > 0 and v.shape[0] == b for v, b in zip(values, batches, strict=True)
-        ) and all(v.shape[1:] == first.shape[1:] for v in values)
-    else:
-        info.batched = first.ndim > 0 and first.shape[0] == static_batch
-    if info.batched:
-        info.sample_shape = tuple(first.shape[1:])
+    first = shapes[0]
+    if any(len(s) != len(first) for s in shapes):
+        # the rank follows a size: nothing about it is fixed, it never crosses
+        info.sample_shape = tuple(first)
+        info.symbolic = [None] * len(first)
         return
-    info.sample_shape = tuple(first.shape)
-    if first.size > MAX_REMAT_ELEMENTS or any(v.shape != first.shape for v in values):
-        return
-    if all(np.array_equal(v, first) for v in values[1:]):
-        if first.dtype.kind in "iub":
-            coeffs = tuple((0, int(x)) for x in first.reshape(-1))
-            info.remat = Remat(str(first.dtype), first.shape, coeffs)
-        else:
-            info.remat = Remat(
-                str(first.dtype), first.shape, None, tuple(float(x) for x in first.reshape(-1))
-            )
-        return
-    if first.dtype.kind in "iu" and len(values) == 2:
-        b0, b1 = batches[0], batches[1]
-        assert b0 is not None
-        assert b1 is not None
-        v0 = values[0].reshape(-1).astype(np.int64)
-        v1 = values[1].reshape(-1).astype(np.int64)
-        slope = (v1 - v0) // (b1 - b0)
-        if np.array_equal(slope * (b1 - b0), v1 - v0):
-            intercept = v0 - slope * b0
-            info.remat = Remat(
-                str(first.dtype),
-                first.shape,
-                tuple((int(a), int(b)) for a, b in zip(slope, intercept, strict=True)),
-            )
-
-
-def _run_all(
-    model: onnx.ModelProto,
-    nodes: list[onnx.NodeProto],
-    inputs: list[onnx.ValueInfoProto],
-    sample_shapes: dict[str, list[int]],
-    batch: int | None,
-    value_types: dict[str, int],
-) -> dict[str, np.ndarray]:
-    """Run the model once with every node output exposed; return name -> value."""
-    import onnxruntime as ort
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
-    for node in nodes:
-        for name in node.output:
-            if name and name not in existing and name in value_types:
-                probe.graph.output.append(
-                    helper.make_tensor_value_info(name, value_types[name], None)
-                )
-                existing.add(name)
-    rng = np.random.default_rng(0)
-    feeds: dict[str, np.ndarray] = {}
-    for vi in inputs:
-        dims = dims_of(vi)
-        if not dims:
-            shape: list[int] = []
-        elif batch is not None and _is_batch_dim(vi):
-            shape = [batch, *sample_shapes[vi.name]]
-        else:
-            shape = [int(d) if isinstance(d, int) else 1 for d in dims[:1]] + sample_shapes[vi.name]
-        feeds[vi.name] = _feed(vi, shape, rng)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
-    try:
-        sess = ort.InferenceSession(
-            probe.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    info.dims = tuple(tuple(s[axis] for s in shapes) for axis in range(len(first)))
+    if batch_sig is not None:
+        info.batched = (
+            bool(first)
+            and info.dims[0] == batch_sig
+            and shapes[1][1:] == first[1:]
+            and batch_sig not in info.dims[1:]
         )
-        names = [o.name for o in sess.get_outputs()]
-        values = sess.run(names, feeds)
-    except Exception as exc:  # ORT's own exception types
-        text = str(exc).strip().splitlines()
-        raise ModelError(
-            f"ONNX Runtime cannot run the model at batch {batch}: {text[0] if text else exc}"
-        ) from exc
-    result = dict(zip(names, (np.asarray(v) for v in values), strict=True))
-    result.update(feeds)
-    for init in model.graph.initializer:
-        result.setdefault(init.name, numpy_helper.to_array(init))
-    return result
+    else:
+        info.batched = bool(first) and first[0] == static_batch
+    info.sample_shape = tuple(first[1:]) if info.batched else tuple(first)
+    symbolic: list[Dim] = []
+    for axis, sig in enumerate(info.dims):
+        if batch_sig is not None and sig == batch_sig and (axis == 0 or not info.batched):
+            symbolic.append(batch_symbol)
+        elif len(set(sig)) == 1:
+            symbolic.append(sig[0])
+        else:
+            symbolic.append(symbol_of.get(sig))
+    info.symbolic = symbolic
+
+
+class _ShapeProber:
+    """One ONNX Runtime session of the graph with ``Shape`` of every tensor as its outputs."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        nodes: list[onnx.NodeProto],
+        inputs: list[onnx.ValueInfoProto],
+        by_value: list[str],
+    ) -> None:
+        import onnxruntime as ort
+
+        self.inputs = inputs
+        self.by_value = by_value
+        self.values: list[dict[str, tuple[int, ...]]] = []
+        graph = model.graph
+        n_nodes, n_outputs = len(graph.node), len(graph.output)
+        self.names: list[str] = []
+        self.shape_names: list[str] = []
+        for node in nodes:
+            for name in node.output:
+                if name:
+                    self.names.append(name)
+        for i, name in enumerate(self.names):
+            out = f"{name}__splitinfer_shape{i}"
+            self.shape_names.append(out)
+            graph.node.append(helper.make_node("Shape", [name], [out]))
+        # the probe's outputs are the shapes only, so the runtime frees every activation
+        saved = [onnx.ValueInfoProto() for _ in graph.output]
+        for dst, src in zip(saved, graph.output, strict=True):
+            dst.CopyFrom(src)
+        del graph.output[:]
+        for out in self.shape_names:
+            graph.output.append(helper.make_tensor_value_info(out, onnx.TensorProto.INT64, None))
+        types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.value_info}
+        for name in by_value:
+            graph.output.append(helper.make_tensor_value_info(name, types[name], None))
+        try:
+            data = model.SerializeToString()
+        finally:
+            del graph.node[n_nodes:]
+            del graph.output[:]
+            graph.output.extend(saved)
+            assert len(graph.output) == n_outputs
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.log_severity_level = 4
+        # no arena, no prepacked weights, and each Shape run as soon as its input is
+        # made (the default order leaves them to the end, every activation alive)
+        opts.enable_cpu_mem_arena = False
+        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+        try:
+            self.sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT's own exception types
+            raise ModelError(f"ONNX Runtime cannot load the model: {_first(exc)}") from exc
+        del data
+        self.run_opts = ort.RunOptions()
+        self.run_opts.log_severity_level = 4
+
+    def run(
+        self, batch: int | None, sample_shapes: dict[str, list[int]]
+    ) -> dict[str, tuple[int, ...]]:
+        """Every tensor's shape (inputs included) at ``batch`` and ``sample_shapes``."""
+        rng = np.random.default_rng(0)
+        feeds: dict[str, np.ndarray] = {}
+        for vi in self.inputs:
+            dims = dims_of(vi)
+            if not dims:
+                shape: list[int] = []
+            elif batch is not None and _is_batch_dim(vi):
+                shape = [batch, *sample_shapes[vi.name]]
+            else:
+                lead = [int(d) if isinstance(d, int) else 1 for d in dims[:1]]
+                shape = lead + sample_shapes[vi.name]
+            feeds[vi.name] = _feed(vi, shape, rng)
+        try:
+            values = self.sess.run([*self.shape_names, *self.by_value], feeds, self.run_opts)
+        except Exception as exc:  # ORT's own exception types
+            where = f"batch {batch}, " if batch is not None else ""
+            sizes = ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in feeds.items())
+            raise ModelError(
+                f"ONNX Runtime cannot run the model at {where}{sizes}: {_first(exc)}"
+            ) from exc
+        result = {n: tuple(int(d) for d in v) for n, v in zip(self.names, values, strict=False)}
+        small = values[len(self.names) :]
+        self.values.append(
+            {
+                n: tuple(int(x) for x in np.asarray(v).reshape(-1))
+                for n, v in zip(self.by_value, small, strict=True)
+            }
+        )
+        result.update({k: tuple(v.shape) for k, v in feeds.items()})
+        return result
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

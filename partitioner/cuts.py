@@ -7,9 +7,12 @@ down-set (an ideal) of the dependency order. The tensors crossing from E to C
 cut. Residual and multi-branch blocks thus give cuts that carry several tensors.
 
 Shape arithmetic (non-batched nodes such as ``Shape -> Gather -> Concat``) is
-not part of the order: each half computes what it needs, and a value whose
-producer sits on the edge is rebuilt on the cloud from the batch size (see
-:class:`splitinfer.partitioner.analysis.Remat`) rather than shipped.
+not part of the order: each half computes what it needs from what it has. On the
+cloud, a ``Shape`` of a tensor that stays on the edge is replaced by the sizes of
+the tensors that cross (an axis whose size follows the same batch, sequence
+length or image size in every analysis run), so the cloud segment runs at every
+size the source model runs at; a shape that no crossing tensor gives carries its
+tensor across instead.
 
 Units: a Conv/ConvTranspose/Gemm/MatMul whose only consumer is an activation
 forms one unit with it. Runtimes fuse such pairs; a cut between them would ship
@@ -55,6 +58,12 @@ ACTIVATIONS = frozenset(
 
 DEFAULT_MAX_CUTS = 20_000
 
+#: Nodes that read only the shape of their input.
+SHAPE_OPS = frozenset({"Shape", "Size"})
+
+#: One axis of a rebuilt shape: (tensor the cloud receives, axis), or ("", fixed size).
+DimSource = tuple[str, int]
+
 
 @dataclass(frozen=True)
 class CutPlan:
@@ -65,10 +74,15 @@ class CutPlan:
     edge_nodes: tuple[int, ...]
     cloud_nodes: tuple[int, ...]
     crossing: tuple[str, ...]  # batched tensors sent edge -> cloud, in topological order
-    remat: tuple[str, ...]  # small non-batched tensors rebuilt on the cloud
+    remat: tuple[str, ...]  # non-batched tensors the cloud recomputes instead of receiving
     bytes_per_sample: int
     edge_flops: int
     cloud_flops: int
+    #: Shape/Size nodes whose input stays on the edge, computed on the cloud from the
+    #: sizes of tensors it receives: node index -> per axis (tensor, axis) or ("", size).
+    rebuilt: tuple[tuple[int, tuple[DimSource, ...]], ...] = ()
+    #: Shape values the same in every analysis run: constants in the cloud segment.
+    constants: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -285,7 +299,10 @@ class CutSpace:
         cloud: set[int] = set()
         crossing: list[str] = []
         remat: list[str] = []
+        sources: dict[int, str] = {}  # Shape/Size node -> the edge-side tensor it reads
+        constants: list[str] = []
         seen: set[str] = set()
+        chain: set[str] = set()  # inputs of a recomputed shape chain
         need = list(a.outputs)
         while need:
             name = need.pop()
@@ -304,28 +321,38 @@ class CutSpace:
                 if not edge_units >> unit_of[p] & 1:
                     cloud.add(p)
                     need.extend(a.node_inputs[p])
-                elif info.batched:
+                elif info.batched or (edge_units == self.full and name in a.outputs):
                     crossing.append(name)
-                elif info.remat is not None:
-                    remat.append(name)
                 else:
                     raise _Invalid(
                         f"tensor {name!r} would cross the cut but is not batched "
                         f"(shape {list(info.sample_shape)}) and cannot be rebuilt on the cloud"
                     )
-            elif self.near[p] & ~edge_units == 0 and info.remat is not None:
+                continue
+            # shape arithmetic and other non-batched work: computed on every side that
+            # needs it, from what that side has
+            in_chain = name in chain
+            if not in_chain and self.near[p] & ~edge_units == 0:
                 remat.append(name)
-            else:
-                cloud.add(p)
-                need.extend(a.node_inputs[p])
-        needs_batch = any(not r.is_constant for r in (tensors[n].remat for n in remat) if r)
-        if needs_batch and not any(tensors[c].batched for c in crossing):
-            raise _Invalid("no batched tensor crosses the cut to rebuild shape values from")
+                in_chain = True
+            if info.value is not None:  # the same in every run: a constant on the cloud
+                constants.append(name)
+                continue
+            cloud.add(p)
+            source = self._shape_source(p, edge_units)
+            if source is not None:
+                sources[p] = source
+                continue
+            if in_chain:
+                chain.update(a.node_inputs[p])
+            need.extend(a.node_inputs[p])
+        rebuilt = self._rebuild_shapes(sources, crossing)
+        constants = [c for c in constants if tensors[c].producer not in cloud]
         edge: set[int] = set()
-        need = [c for c in crossing if not tensors[c].is_input]
+        need_edge = [c for c in crossing if not tensors[c].is_input]
         seen = set()
-        while need:
-            name = need.pop()
+        while need_edge:
+            name = need_edge.pop()
             if name in seen:
                 continue
             seen.add(name)
@@ -333,10 +360,10 @@ class CutSpace:
             if info.producer is None:
                 continue
             p = info.producer
-            if p in cloud:
+            if p in cloud and p in unit_of:
                 raise _Invalid(f"node {a.nodes[p].name!r} would be needed on both sides")
             edge.add(p)
-            need.extend(a.node_inputs[p])
+            need_edge.extend(a.node_inputs[p])
         crossing.sort(key=lambda n: (-1 if tensors[n].producer is None else tensors[n].producer, n))
         crossing = _inputs_first(crossing, a.inputs)
         edge_flops = sum(self.flops[i] for i in edge)
@@ -351,7 +378,65 @@ class CutSpace:
             bytes_per_sample=sum(fp32_bytes(tensors[c]) for c in crossing),
             edge_flops=edge_flops,
             cloud_flops=cloud_flops,
+            rebuilt=tuple(sorted(rebuilt.items())),
+            constants=tuple(sorted(constants)),
         )
+
+    def _shape_source(self, p: int, edge_units: int) -> str | None:
+        """The batched edge-side tensor that Shape/Size node ``p`` reads, if it reads one."""
+        a = self.analysis
+        node = a.nodes[p]
+        if node.op_type not in SHAPE_OPS or not node.input:
+            return None
+        name: str = node.input[0]
+        info = a.tensors.get(name)
+        if info is None or not info.batched or len(info.dims) != len(info.sample_shape) + 1:
+            return None
+        q = info.producer
+        if q is None:
+            return name if info.is_input else None
+        if q in self.unit_of and edge_units >> self.unit_of[q] & 1:
+            return name
+        return None
+
+    def _rebuild_shapes(
+        self, sources: dict[int, str], crossing: list[str]
+    ) -> dict[int, tuple[DimSource, ...]]:
+        """How the cloud computes the shape each node of ``sources`` reads.
+
+        Every axis of the source tensor is a fixed size or an axis of a tensor the
+        cloud receives whose size follows it in every analysis run; a source with an
+        axis that matches none crosses the cut itself (it is batched), and its own
+        Shape then runs on the cloud unchanged.
+        """
+        tensors = self.analysis.tensors
+        rebuilt: dict[int, tuple[DimSource, ...]] = {}
+        for p in sorted(sources):
+            x = sources[p]
+            if x in crossing:
+                continue
+            axes: list[DimSource] = []
+            for sig in tensors[x].dims:
+                if len(set(sig)) == 1:
+                    axes.append(("", sig[0]))
+                    continue
+                found = next(
+                    (
+                        (c, j)
+                        for c in crossing
+                        for j, other in enumerate(tensors[c].dims)
+                        if other == sig
+                    ),
+                    None,
+                )
+                if found is None:
+                    break
+                axes.append(found)
+            else:
+                rebuilt[p] = tuple(axes)
+                continue
+            crossing.append(x)
+        return rebuilt
 
     # -- lookup ---------------------------------------------------------------
     def find(self, spec: str) -> CutPlan:

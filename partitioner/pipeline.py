@@ -20,6 +20,7 @@ from splitinfer.partitioner.cuts import DEFAULT_MAX_CUTS, CutPlan, CutSpace
 from splitinfer.partitioner.loader import LoadedModel, dims_of, load_model, sha256_file
 from splitinfer.partitioner.passes import DEFAULT_PIPELINE, PassReport, optimize
 from splitinfer.partitioner.segments import cloud_model, edge_model
+from splitinfer.partitioner.verify import candidates_for, verify
 from splitinfer.shared.errors import PackageError
 from splitinfer.shared.manifest import (
     MANIFEST_NAME,
@@ -73,20 +74,31 @@ def prepare(
     optimized, reports = optimize(source.model, passes)
     progress("analysing shapes with ONNX Runtime")
     analysis = analyse(optimized, input_shapes or {})
+    for fd in analysis.free_dims:
+        if fd.alt is None:
+            progress(
+                f"note: the model runs at no second size of {fd.symbol} (analysed at "
+                f"{fd.size}); the segments are fixed to that size"
+            )
     space = CutSpace(analysis, max_cuts=max_cuts)
     return Prepared(source, optimized, reports, analysis, space)
 
 
 def tensor_spec(analysis: GraphAnalysis, name: str) -> TensorSpec:
-    """The manifest spec of a tensor of the analysed graph (batch dim symbolic)."""
+    """The manifest spec of a tensor as the analysis runs showed it.
+
+    The batch and the free input dimensions keep their symbols; a size that varies
+    with no input dimension gets a symbol of its own (``NAME_dimK``), fixed sizes
+    stay numbers. Never the shape the source model declares.
+    """
     info = analysis.tensors[name]
-    if info.batched:
-        sym = info.symbolic
-        tail: list[int | str] = list(info.sample_shape)
-        if sym is not None and len(sym) == len(tail) + 1:
-            tail = [d if d is not None else "?" for d in sym[1:]]
-        return TensorSpec(name, info.dtype, (analysis.batch_symbol or "batch", *tail))
-    return TensorSpec(name, info.dtype, tuple(info.sample_shape))
+    dims = info.symbolic
+    if dims is None:
+        lead = (analysis.batch_symbol or "batch",) if info.batched else ()
+        dims = [*lead, *info.sample_shape]
+    return TensorSpec(
+        name, info.dtype, tuple(f"{name}_dim{k}" if d is None else d for k, d in enumerate(dims))
+    )
 
 
 def io_spec(vi: onnx.ValueInfoProto) -> TensorSpec:
@@ -196,7 +208,6 @@ def build_manifest(
 ) -> Manifest:
     a = prepared.analysis
     inputs = {vi.name: vi for vi in a.model.graph.input}
-    outputs = {vi.name: vi for vi in a.model.graph.output}
     opset = next((o.version for o in a.model.opset_import if o.domain in {"", "ai.onnx"}), 0)
     return Manifest(
         model_name=prepared.source.path.stem,
@@ -204,7 +215,7 @@ def build_manifest(
         opset=int(opset),
         batch_dim=a.batch_symbol,
         inputs=tuple(io_spec(inputs[n]) for n in a.inputs),
-        outputs=tuple(io_spec(outputs[n]) for n in a.outputs),
+        outputs=tuple(tensor_spec(a, n) for n in a.outputs),
         default_cut=default_cut,
         cuts=tuple(cuts),
         fallback=fallback,
@@ -228,6 +239,7 @@ def write_package(
     *,
     extras: PackageExtras | None = None,
     progress: Progress = _quiet,
+    check: bool = True,
 ) -> Manifest:
     """Write the segments of every cut and ``manifest.json`` into ``out_dir``.
 
@@ -235,7 +247,9 @@ def write_package(
     ``cloud.onnx`` at the top; other candidates go to ``candidates/<id>/``.
     Everything is written to a temporary folder beside ``out_dir`` and renamed
     into place, so a failure leaves no half-written package. An existing
-    ``out_dir`` is replaced only if it is empty or a split package.
+    ``out_dir`` is replaced only if it is empty or a split package. Before the
+    rename every cut is run against the source model (:mod:`.verify`, skipped
+    with ``check=False``); a cut that answers differently stops the package.
     """
     extras = extras or PackageExtras()
     items = [cuts] if isinstance(cuts, CutPlan) else list(cuts)
@@ -273,6 +287,8 @@ def write_package(
             path = resolve_file(tmp, name)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
+        if check:
+            verify_arts(prepared, arts, progress)
         manifest = build_manifest(prepared, entries, arts[0].plan.id, fallback, extras)
         (tmp / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
         _swap_into_place(tmp, out_dir)
@@ -281,6 +297,18 @@ def write_package(
         raise
     progress(f"wrote {out_dir}")
     return manifest
+
+
+def verify_arts(
+    prepared: Prepared, arts: Sequence[CutArtifacts], progress: Progress = _quiet
+) -> None:
+    """Run every cut against the source model; a PackageError names the first that differs."""
+    cands = []
+    for art in arts:
+        exact = art.tensors is None and art.edge_precision == art.cloud_precision == "fp32"
+        cands.extend(candidates_for(prepared.analysis, art.plan, art.edge, art.cloud, exact))
+    source = prepared.source
+    verify(source.model, prepared.analysis, cands, progress, source_path=str(source.path))
 
 
 def _swap_into_place(tmp: Path, out_dir: Path) -> None:

@@ -4,6 +4,10 @@
 their own names; ``cloud.onnx`` takes the crossing tensors under the same names
 and outputs the model's outputs. Composing the two by name reproduces the
 model. A model input the cloud reads crosses as an edge output of the same name.
+Every declared shape is the one the analysis runs showed (the batch and the
+free dimensions symbolic), never the shape the source model declares; a Shape
+whose input stays on the edge is rebuilt on the cloud from the sizes of the
+tensors it receives (:attr:`CutPlan.rebuilt`).
 """
 
 from __future__ import annotations
@@ -12,23 +16,18 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from splitinfer.partitioner.analysis import GraphAnalysis, Remat
-from splitinfer.partitioner.cuts import CutPlan
+from splitinfer.partitioner.analysis import GraphAnalysis
+from splitinfer.partitioner.cuts import CutPlan, DimSource
 
 
 def _value_info(analysis: GraphAnalysis, name: str) -> onnx.ValueInfoProto:
-    """A value info with the batch dimension kept symbolic."""
+    """A value info of the shape the runs showed: batch and free dimensions symbolic."""
     info = analysis.tensors[name]
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
-    if not info.batched:
-        return helper.make_tensor_value_info(name, elem, list(info.sample_shape))
-    batch = analysis.batch_symbol or "batch"
-    sym = info.symbolic
-    if sym is not None and len(sym) == len(info.sample_shape) + 1:
-        dims: list[int | str | None] = [batch, *sym[1:]]
-    else:
-        dims = [batch, *info.sample_shape]
-    return helper.make_tensor_value_info(name, elem, dims)
+    dims = info.symbolic
+    if dims is None:
+        dims = [*((analysis.batch_symbol or "batch",) if info.batched else ()), *info.sample_shape]
+    return helper.make_tensor_value_info(name, elem, list(dims))
 
 
 def _initializers(analysis: GraphAnalysis, node_ids: tuple[int, ...]) -> list[TensorProto]:
@@ -68,54 +67,63 @@ def edge_model(analysis: GraphAnalysis, plan: CutPlan) -> onnx.ModelProto:
 
 def cloud_model(analysis: GraphAnalysis, plan: CutPlan) -> onnx.ModelProto:
     inputs = [_value_info(analysis, n) for n in plan.crossing]
-    anchor = next((n for n in plan.crossing if analysis.tensors[n].batched), None)
+    rebuilt = dict(plan.rebuilt)
     nodes: list[onnx.NodeProto] = []
     initializers: list[TensorProto] = []
-    for name in plan.remat:
-        remat = analysis.tensors[name].remat
-        assert remat is not None
-        r_nodes, r_inits = _remat_nodes(name, remat, anchor)
-        nodes.extend(r_nodes)
-        initializers.extend(r_inits)
-    nodes.extend(analysis.nodes[i] for i in plan.cloud_nodes)
-    model_outputs = {vi.name: vi for vi in analysis.model.graph.output}
-    outputs = [model_outputs[n] for n in analysis.outputs]
-    initializers.extend(_initializers(analysis, plan.cloud_nodes))
+    for name in plan.constants:
+        info = analysis.tensors[name]
+        assert info.value is not None
+        value = np.array(info.value, dtype=info.dtype).reshape(info.sample_shape)
+        tensor = numpy_helper.from_array(value, f"{name}__value")
+        nodes.append(helper.make_node("Constant", [], [name], value=tensor))
+    for i in plan.cloud_nodes:
+        if i in rebuilt:
+            r_nodes, r_inits = _rebuilt_shape(analysis, analysis.nodes[i], rebuilt[i])
+            nodes.extend(r_nodes)
+            initializers.extend(r_inits)
+        else:
+            nodes.append(analysis.nodes[i])
+    outputs = [_value_info(analysis, n) for n in analysis.outputs]
+    kept = tuple(i for i in plan.cloud_nodes if i not in rebuilt)
+    initializers.extend(_initializers(analysis, kept))
     return _model(analysis, "cloud", nodes, inputs, outputs, initializers)
 
 
-def _remat_nodes(
-    name: str, remat: Remat, anchor: str | None
+def _rebuilt_shape(
+    analysis: GraphAnalysis, node: onnx.NodeProto, axes: tuple[DimSource, ...]
 ) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
-    """Nodes computing ``name`` on the cloud from the batch size of ``anchor``."""
-    dtype = np.dtype(remat.dtype)
-    if remat.is_constant:
-        if remat.coeffs is not None:
-            flat = np.array([b for _, b in remat.coeffs], dtype=dtype)
+    """Nodes computing the output of Shape/Size ``node`` from the tensors the cloud has."""
+    out = node.output[0]
+    p = f"{out}__rebuilt"
+    rank = len(axes)
+    if node.op_type == "Shape":
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        start, end = int(attrs.get("start", 0)), int(attrs.get("end", rank))
+        start = min(max(start + rank if start < 0 else start, 0), rank)
+        end = min(max(end + rank if end < 0 else end, 0), rank)
+        axes = axes[start:end]
+    nodes: list[onnx.NodeProto] = []
+    inits: list[TensorProto] = []
+    shapes: dict[str, str] = {}
+    pieces: list[str] = []
+    for k, (tensor, value) in enumerate(axes):
+        piece = f"{p}_{k}"
+        if not tensor:
+            inits.append(numpy_helper.from_array(np.array([value], np.int64), piece))
         else:
-            assert remat.value is not None
-            flat = np.array(remat.value, dtype=dtype)
-        value = numpy_helper.from_array(flat.reshape(remat.shape), name=f"{name}__remat_value")
-        return [helper.make_node("Constant", [], [name], value=value)], []
-    assert anchor is not None
-    assert remat.coeffs is not None
-    p = f"{name}__remat"
-    slope = numpy_helper.from_array(np.array([a for a, _ in remat.coeffs], np.int64), f"{p}_a")
-    icpt = numpy_helper.from_array(np.array([b for _, b in remat.coeffs], np.int64), f"{p}_b")
-    shape = numpy_helper.from_array(np.array(remat.shape, np.int64), f"{p}_shape")
-    nodes = [
-        helper.make_node("Shape", [anchor], [f"{p}_batch"], start=0, end=1),
-        helper.make_node("Mul", [f"{p}_batch", f"{p}_a"], [f"{p}_scaled"]),
-        helper.make_node("Add", [f"{p}_scaled", f"{p}_b"], [f"{p}_flat"]),
-    ]
-    last = f"{p}_flat"
-    if dtype != np.int64:
-        nodes.append(helper.make_node("Reshape", [last, f"{p}_shape"], [f"{p}_shaped"]))
-        nodes.append(
-            helper.make_node(
-                "Cast", [f"{p}_shaped"], [name], to=helper.np_dtype_to_tensor_dtype(dtype)
-            )
-        )
+            if tensor not in shapes:
+                shapes[tensor] = f"{p}_shape{len(shapes)}"
+                nodes.append(helper.make_node("Shape", [tensor], [shapes[tensor]]))
+            index = f"{piece}_index"
+            inits.append(numpy_helper.from_array(np.array([value], np.int64), index))
+            nodes.append(helper.make_node("Gather", [shapes[tensor], index], [piece], axis=0))
+        pieces.append(piece)
+    shape = out if node.op_type == "Shape" else f"{p}_full"
+    if pieces:
+        nodes.append(helper.make_node("Concat", pieces, [shape], axis=0))
     else:
-        nodes.append(helper.make_node("Reshape", [last, f"{p}_shape"], [name]))
-    return nodes, [slope, icpt, shape]
+        empty = numpy_helper.from_array(np.zeros((0,), np.int64), f"{p}_empty")
+        nodes.append(helper.make_node("Constant", [], [shape], value=empty))
+    if node.op_type == "Size":
+        nodes.append(helper.make_node("ReduceProd", [shape], [out], keepdims=0))
+    return nodes, inits
