@@ -5,12 +5,14 @@ The unit order of a :class:`~splitinfer.partitioner.cuts.CutSpace` becomes a
 priced on each side, each value that can cross priced once. What a cut sends
 follows :meth:`CutSpace.plan`: a unit in the cloud reads the batched tensors of
 edge units and the model inputs it needs directly or through shape arithmetic
-(``Shape -> Gather -> Concat``); a non-batched value it needs is rebuilt in the
-cloud when the analysis can rebuild it (free), and may not cross otherwise
-(infinite). Shape arithmetic that could be rebuilt is taken as rebuilt; in the
-rare graph where the plan computes it in the cloud instead, the min-cut's
-price is off by the tensors that feed it, and the exact cost model that ranks
-the candidates afterwards has the true figure.
+(``Shape -> Gather -> Concat``). Shape arithmetic is recomputed in the cloud: a
+shape value that is the same in every analysis run is a constant there, and a
+``Shape``/``Size`` of an edge-side tensor is rebuilt from the sizes of the
+tensors that cross (both free). A non-batched tensor of a unit may not cross
+(infinite). Where the plan cannot rebuild a size from the crossing tensors and
+sends the tensor it reads instead, the min-cut's price is off by that tensor,
+and the exact cost model that ranks the candidates afterwards has the true
+figure.
 
 Every candidate is planned by :meth:`CutSpace.plan_for`; an edge set the plan
 refuses (a value needed on both sides, say) is dropped and counted.
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from splitinfer.partitioner.cuts import CutPlan, CutSpace, fp32_bytes
+from splitinfer.partitioner.cuts import SHAPE_OPS, CutPlan, CutSpace, fp32_bytes
 from splitinfer.partitioner.mincut import INPUT, OUTPUT, CutProblem, Tensor, count_downsets, solve
 
 #: Link speeds (bits/s) of the min-cut sweep in --list-cuts.
@@ -70,8 +72,10 @@ def flows_of(space: CutSpace) -> tuple[Flow, ...]:
             return ()
         if p in unit_of:
             return (name,)
-        if info.remat is not None:
-            return ()  # shape arithmetic the cloud rebuilds
+        if info.value is not None:
+            return ()  # a shape value that is the same in every run: a constant on the cloud
+        if a.nodes[p].op_type in SHAPE_OPS:
+            return ()  # the cloud rebuilds a shape from the sizes of the tensors it receives
         if p not in memo:
             memo[p] = ()  # the graph is acyclic; this only guards the recursion
             found: dict[str, None] = {}
@@ -97,8 +101,6 @@ def flows_of(space: CutSpace) -> tuple[Flow, ...]:
     flows = []
     for name, who in readers.items():
         info = a.tensors[name]
-        if not info.is_input and not info.batched and info.remat is not None:
-            continue  # rebuilt in the cloud
         producer = INPUT if info.producer is None else unit_of[info.producer]
         crossable = info.is_input or info.batched
         flows.append(Flow(name, producer, tuple(who), crossable))
