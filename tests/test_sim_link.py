@@ -14,19 +14,19 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 import pytest
 
+from splitinfer.sim import traces
 from splitinfer.sim.cli import main
 from splitinfer.sim.config import Change, Direction, LinkConfig
 from splitinfer.sim.link import EmulatedLink
 
 pytestmark = pytest.mark.sim
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = traces.DIR
 BLOB = b"\x5a" * 65536
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -180,7 +180,6 @@ async def test_fixed_rate_goodput_matches_the_rate(side: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces are not present")
 async def test_trace_goodput_matches_its_capacity_over_10s_windows() -> None:
     # 20 s of the ATT driving uplink from 81 s in, its most variable stretch: about 1
     # and 2.4 Mbit/s per 10 s window, from 0.01 to 9 Mbit/s in single seconds
