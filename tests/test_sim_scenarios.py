@@ -310,7 +310,7 @@ def test_the_example_scenarios_load(tmp_path: Path, cam: Path) -> None:
 
 
 def _runs() -> list[StrategyRun]:
-    from splitinfer.sim.runner import RequestRecord
+    from splitinfer.sim.workload import RequestRecord
 
     def rec(i: int, cut: str, ms: float, error: str = "") -> RequestRecord:
         timings = {"edge": ms / 2e3, "uplink": ms / 2e3}
@@ -431,17 +431,18 @@ def test_the_agent_timing_header_is_read_back() -> None:
 def test_cloud_only_uploads_pictures_as_png_and_other_inputs_as_they_are(
     tmp_path: Path,
 ) -> None:
-    import onnx
-    from graphs import f32, make
-    from onnx import helper
-
-    from splitinfer.sim.strategies import client_codec
+    from splitinfer.sim.strategies import input_codec, prepare, write_strategy
 
     def model(shape: list[int | str]) -> Path:
         path = tmp_path / f"m{len(shape)}.onnx"
-        node = helper.make_node("Identity", ["x"], ["y"])
+        node = helper.make_node("Relu", ["x"], ["y"])
         onnx.save(make([node], [f32("x", shape)], [f32("y", shape)], {}), str(path))
         return path
 
-    assert client_codec(model(["N", 3, 32, 32])) == ["--input-codec", "png"]
-    assert client_codec(model(["N", 16])) == []
+    picture = prepare(model(["N", 3, 32, 32]))
+    assert input_codec(picture) == "png"
+    assert input_codec(prepare(model(["N", 16]))) is None
+    write_strategy(picture, "cloud-only", tmp_path / "pkg")
+    cut = load_manifest(tmp_path / "pkg").cut
+    assert cut.kind == "none"
+    assert cut.codec.name == "png"
