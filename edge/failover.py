@@ -1,10 +1,12 @@
 """Getting a frame to some cloud endpoint: retries, failover, breakers, health checks.
 
 :class:`Uplink` holds the configured endpoints in order of preference, each
-with a :class:`CircuitBreaker`. A request goes to the first endpoint whose
-breaker lets it through, preferring one not yet tried for this request; on no
-answer (refused, reset, timeout) or a 5xx/429 it moves on, with a jittered
-exponential backoff before it tries an endpoint a second time. Every attempt
+with a :class:`~splitinfer.shared.breaker.CircuitBreaker` (the one the cloud's
+versions use: after its cooldown, one trial request at a time). A request goes to
+the first endpoint whose breaker lets it through, preferring one not yet tried
+for this request; on no answer (refused, reset, timeout) or a 5xx/429 it moves on,
+with a jittered exponential backoff before it tries an endpoint a second time.
+Every attempt
 is signed afresh (new nonce and timestamp) and bounded by the request's
 deadline; when the deadline or the attempts run out, or every breaker is
 open, it raises :class:`CloudUnavailable` at once. A 4xx other than 429 is the
@@ -25,18 +27,17 @@ import math
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 from urllib.parse import quote
 
 from splitinfer.edge.config import UplinkConfig
 from splitinfer.edge.transport import Reply, Transport, TransportError
+from splitinfer.shared.breaker import BreakerState, CircuitBreaker
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
 
 FRAME_TYPE = "application/vnd.splitinfer.frame"
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 Signer = Callable[[str, str, bytes], Mapping[str, str]]
-BreakerState = Literal["closed", "open", "half-open"]
 #: Called after each attempt: (endpoint, outcome, seconds). Outcomes: ok, timeout,
 #: error, overloaded, refused.
 AttemptHook = Callable[[str, str, float], None]
@@ -56,35 +57,6 @@ class CloudRefused(SplitInferError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass
-class CircuitBreaker:
-    """Opens after ``failures_to_open`` consecutive failures; after ``reset_s`` it is
-    half-open: traffic may try it, one success closes it, one failure re-opens it."""
-
-    failures_to_open: int
-    reset_s: float
-    failures: int = 0
-    opened_at: float | None = None
-
-    def state(self, now: float) -> BreakerState:
-        if self.opened_at is None:
-            return "closed"
-        return "half-open" if now >= self.opened_at + self.reset_s else "open"
-
-    def allows(self, now: float) -> bool:
-        return self.state(now) != "open"
-
-    def success(self) -> None:
-        self.failures = 0
-        self.opened_at = None
-
-    def failure(self, now: float) -> None:
-        state = self.state(now)
-        self.failures += 1
-        if state == "half-open" or (state == "closed" and self.failures >= self.failures_to_open):
-            self.opened_at = now
 
 
 @dataclass
@@ -170,11 +142,14 @@ class Uplink:
 
     # -- sending -----------------------------------------------------------------
     def _pick(self, now: float, tried: Mapping[str, int]) -> Endpoint | None:
-        """The allowed endpoint tried least often for this request; first in order on ties."""
-        allowed = [e for e in self.endpoints if e.breaker.allows(now)]
+        """The allowed endpoint tried least often for this request; first in order on ties.
+        Its breaker lets this request through (in half-open, as the one trial)."""
+        allowed = [e for e in self.endpoints if e.breaker.available(now)]
         if not allowed:
             return None
-        return min(allowed, key=lambda e: tried.get(e.name, 0))
+        chosen = min(allowed, key=lambda e: tried.get(e.name, 0))
+        chosen.breaker.allows(now)
+        return chosen
 
     def _headers(self, path: str, body: bytes, extra: Mapping[str, str]) -> dict[str, str]:
         headers = {"Content-Type": FRAME_TYPE, **extra}
@@ -230,19 +205,19 @@ class Uplink:
             try:
                 reply = await endpoint.transport.request("POST", path, body, sent, timeout)
             except TransportError as exc:
-                endpoint.breaker.failure(self._clock())
+                endpoint.breaker.record(False, self._clock())
                 self._note(endpoint.name, "timeout" if exc.timeout else "error", self._clock() - t0)
                 problems.append(str(exc))
                 continue
             elapsed = self._clock() - t0
             if reply.status == 200:
-                endpoint.breaker.success()
+                endpoint.breaker.record(True, self._clock())
                 self._note(endpoint.name, "ok", elapsed)
                 return Delivery(reply, endpoint.name, attempt + 1, elapsed)
             message = error_message(reply)
             if reply.status == 429 or reply.status >= 500:
                 if reply.status >= 500:
-                    endpoint.breaker.failure(self._clock())
+                    endpoint.breaker.record(False, self._clock())
                 self._note(endpoint.name, "overloaded", elapsed)
                 wait_hint = retry_after(reply)
                 problems.append(f"{endpoint.name}: {reply.status} {message}")
@@ -267,14 +242,14 @@ class Uplink:
             try:
                 reply = await endpoint.transport.request("GET", "/healthz", b"", {}, timeout)
             except TransportError:
-                endpoint.breaker.failure(self._clock())
+                endpoint.breaker.record(False, self._clock())
                 return
             if reply.status == 200:
-                endpoint.breaker.success()
+                endpoint.breaker.record(True, self._clock())
                 if on_rtt is not None:
                     on_rtt(self._clock() - t0)
             else:
-                endpoint.breaker.failure(self._clock())
+                endpoint.breaker.record(False, self._clock())
 
         await asyncio.gather(*(one(e) for e in self.endpoints))
 
@@ -284,4 +259,4 @@ class Uplink:
 
     def any_available(self) -> bool:
         now = self._clock()
-        return any(e.breaker.allows(now) for e in self.endpoints)
+        return any(e.breaker.available(now) for e in self.endpoints)

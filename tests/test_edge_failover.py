@@ -10,7 +10,6 @@ import pytest
 
 from splitinfer.edge.config import UplinkConfig
 from splitinfer.edge.failover import (
-    CircuitBreaker,
     CloudRefused,
     CloudUnavailable,
     Uplink,
@@ -67,24 +66,6 @@ def uplink(
         rng=random.Random(7),
     )
     return up, transports
-
-
-def test_breaker_opens_half_opens_and_closes() -> None:
-    b = CircuitBreaker(failures_to_open=2, reset_s=5.0)
-    assert b.state(0.0) == "closed"
-    b.failure(0.0)
-    assert b.state(0.0) == "closed"
-    b.failure(1.0)
-    assert b.state(1.0) == "open"
-    assert not b.allows(5.9)
-    assert b.state(6.0) == "half-open"
-    assert b.allows(6.0)
-    b.failure(6.0)  # a failed trial re-opens at once
-    assert b.state(6.5) == "open"
-    assert b.state(11.0) == "half-open"
-    b.success()
-    assert b.state(11.0) == "closed"
-    assert b.failures == 0
 
 
 async def test_first_endpoint_is_preferred_and_bodies_are_posted() -> None:
