@@ -10,8 +10,9 @@ the same one); :class:`CircuitOpen` is its refusal.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from splitinfer.shared.errors import OverloadError, SplitInferError
 
@@ -73,7 +74,7 @@ class RateLimiter:
         self.rate = rate
         self.burst = max(1.0, burst)
         self.max_devices = max_devices
-        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._buckets: LRUCache[str, _Bucket] = LRUCache(maxsize=max(1, max_devices))
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -82,14 +83,11 @@ class RateLimiter:
         """Take ``cost`` tokens from ``device``'s bucket or raise :class:`RateLimited`."""
         if self.rate <= 0:
             return
-        bucket = self._buckets.pop(device, None)
+        bucket = self._buckets.get(device)  # a hit makes it the most recent
         if bucket is None:
-            bucket = _Bucket(self.burst, now)
-            while len(self._buckets) >= self.max_devices:
-                self._buckets.popitem(last=False)
+            bucket = self._buckets[device] = _Bucket(self.burst, now)
         bucket.tokens = min(self.burst, bucket.tokens + max(0.0, now - bucket.stamp) * self.rate)
         bucket.stamp = now
-        self._buckets[device] = bucket
         if bucket.tokens < cost:
             wait = (cost - bucket.tokens) / self.rate
             raise RateLimited(
