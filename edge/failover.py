@@ -2,7 +2,8 @@
 
 :class:`Uplink` holds the configured endpoints in order of preference, each
 with a :class:`~splitinfer.shared.breaker.CircuitBreaker` (the one the cloud's
-versions use: after its cooldown, one trial request at a time). A request goes to
+versions use; after its cooldown up to ``max_connections`` trial requests at a
+time, see ``shared/breaker.py``). A request goes to
 the first endpoint whose breaker lets it through, preferring one not yet tried
 for this request; on no answer (refused, reset, timeout) or a 5xx/429 it moves on,
 with a jittered exponential backoff before it tries an endpoint a second time.
@@ -131,7 +132,14 @@ class Uplink:
             raise ConfigError("no cloud endpoint: give --cloud URL[,URL...]")
         self.config = config
         self.endpoints = [
-            Endpoint(t, CircuitBreaker(config.breaker_failures, config.breaker_reset_s))
+            # half-open: as many trials as connections (for these requests the
+            # alternative is failing); the cloud trusts a failing version with one
+            Endpoint(
+                t,
+                CircuitBreaker(
+                    config.breaker_failures, config.breaker_reset_s, config.max_connections
+                ),
+            )
             for t in transports
         ]
         self._signer = signer
@@ -142,14 +150,12 @@ class Uplink:
 
     # -- sending -----------------------------------------------------------------
     def _pick(self, now: float, tried: Mapping[str, int]) -> Endpoint | None:
-        """The allowed endpoint tried least often for this request; first in order on ties.
-        Its breaker lets this request through (in half-open, as the one trial)."""
+        """The available endpoint tried least often for this request; first in order on
+        ties. Its breaker's half-open trial is taken only when the request is sent."""
         allowed = [e for e in self.endpoints if e.breaker.available(now)]
         if not allowed:
             return None
-        chosen = min(allowed, key=lambda e: tried.get(e.name, 0))
-        chosen.breaker.allows(now)
-        return chosen
+        return min(allowed, key=lambda e: tried.get(e.name, 0))
 
     def _headers(self, path: str, body: bytes, extra: Mapping[str, str]) -> dict[str, str]:
         headers = {"Content-Type": FRAME_TYPE, **extra}
@@ -198,12 +204,18 @@ class Uplink:
             if remaining <= 0:
                 problems.append("deadline passed")
                 break
+            if not endpoint.breaker.allows(now):  # its half-open trial went to another request
+                problems.append(f"{endpoint.name}: its circuit breaker's one trial is out")
+                continue
             tried[endpoint.name] = tried.get(endpoint.name, 0) + 1
             timeout = min(cfg.timeout_s, remaining)
             sent = self._headers(path, body, headers or {})
             t0 = self._clock()
             try:
                 reply = await endpoint.transport.request("POST", path, body, sent, timeout)
+            except asyncio.CancelledError:
+                endpoint.breaker.release()  # no verdict: the next request may try
+                raise
             except TransportError as exc:
                 endpoint.breaker.record(False, self._clock())
                 self._note(endpoint.name, "timeout" if exc.timeout else "error", self._clock() - t0)
@@ -218,10 +230,13 @@ class Uplink:
             if reply.status == 429 or reply.status >= 500:
                 if reply.status >= 500:
                     endpoint.breaker.record(False, self._clock())
+                else:  # shedding load is no verdict on the endpoint's health
+                    endpoint.breaker.release()
                 self._note(endpoint.name, "overloaded", elapsed)
                 wait_hint = retry_after(reply)
                 problems.append(f"{endpoint.name}: {reply.status} {message}")
                 continue
+            endpoint.breaker.record(True, self._clock())  # it answered: it is up
             self._note(endpoint.name, "refused", elapsed)
             raise CloudRefused(
                 f"cloud {endpoint.name} refused the request: {reply.status} {message}",

@@ -46,6 +46,19 @@ def test_half_open_lets_exactly_one_trial_through() -> None:
     assert b.retry_after(12.0) == pytest.approx(9.0)
 
 
+def test_half_open_lets_as_many_trials_as_it_is_told() -> None:
+    b = CircuitBreaker(1, 10.0, trials=2)
+    b.record(False, 1.0)
+    assert b.allows(11.0)
+    assert b.allows(11.0)
+    assert not b.allows(11.0)
+    assert b.retry_after(12.0) == pytest.approx(9.0)
+    b.release()
+    assert b.allows(12.0)
+    b.record(False, 12.5)  # the first verdict decides: open again
+    assert not b.available(13.0)
+
+
 def test_the_trials_success_closes_it() -> None:
     b = opened()
     assert b.allows(11.0)
@@ -84,10 +97,12 @@ def test_reopening_after_a_close_counts_a_new_trip() -> None:
     assert b.trips == 2
 
 
-@pytest.mark.parametrize(("failures", "cooldown"), [(0, 1.0), (True, 1.0), (2, -1.0)])
-def test_bad_settings_are_config_errors(failures: int, cooldown: float) -> None:
+@pytest.mark.parametrize(
+    ("failures", "cooldown", "trials"), [(0, 1.0, 1), (True, 1.0, 1), (2, -1.0, 1), (2, 1.0, 0)]
+)
+def test_bad_settings_are_config_errors(failures: int, cooldown: float, trials: int) -> None:
     with pytest.raises(ConfigError, match="breaker"):
-        CircuitBreaker(failures, cooldown)
+        CircuitBreaker(failures, cooldown, trials)
 
 
 def test_the_cloud_and_the_edge_use_this_breaker() -> None:
@@ -96,3 +111,15 @@ def test_the_cloud_and_the_edge_use_this_breaker() -> None:
 
     assert registry.CircuitBreaker is CircuitBreaker
     assert failover.CircuitBreaker is CircuitBreaker
+
+
+def test_a_released_trial_lets_the_next_caller_try_at_once() -> None:
+    b = opened()
+    assert b.allows(11.0)
+    assert not b.allows(11.0)
+    b.release()  # the trial got no verdict
+    assert b.state(11.0) == "half-open"
+    assert b.allows(11.0)
+    b.release()
+    b.release()  # nothing out: nothing happens
+    assert b.available(11.0)
