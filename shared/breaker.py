@@ -9,7 +9,8 @@ Pure logic on an injected clock: every call that depends on time takes ``now``
 * **half-open** (the cooldown has passed): at most ``trials`` requests at a time go
   as trials (each :meth:`~CircuitBreaker.allows` that says yes takes one); the rest
   are refused until one reports. The first success closes the breaker; the first
-  failure opens it again, for a new cooldown. A caller that took a trial and got
+  failure opens it again, for a new cooldown (a failure reported while it is still
+  open, from a request sent before it opened, changes nothing). A caller that took a trial and got
   no verdict (it did not send after all, was cancelled, or was told to back off)
   gives it back with :meth:`~CircuitBreaker.release`; a trial that never reports
   is given back by itself after another ``cooldown_s``.
@@ -97,15 +98,19 @@ class CircuitBreaker:
         return max(0.0, start + self.cooldown_s - now)
 
     def record(self, ok: bool, now: float) -> None:
-        """The outcome of a request this breaker let through."""
-        self._out = []
+        """The outcome of a request this breaker let through. A failure that reports
+        while the breaker is open (a request sent before it opened) is old news: it
+        does not restart the cooldown."""
         if ok:
             self.failures = 0
             self.opened_at = None
+            self._out = []
             return
         self.failures += 1
-        if self.opened_at is not None:  # a failure while open or half-open: a new cooldown
+        state = self.state(now)
+        if state == "half-open":  # a trial failed: a new cooldown
             self.opened_at = now
-        elif self.failures >= self.failures_to_open:
+            self._out = []
+        elif state == "closed" and self.failures >= self.failures_to_open:
             self.opened_at = now
             self.trips += 1

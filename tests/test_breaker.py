@@ -88,6 +88,13 @@ def test_a_trial_that_never_reports_is_replaced_after_a_cooldown() -> None:
     assert b.closed
 
 
+def test_a_late_failure_while_open_does_not_restart_the_cooldown() -> None:
+    b = opened(at=1.0)
+    b.record(False, 5.0)  # a request sent before it opened, timing out now
+    assert b.state(11.0) == "half-open"
+    assert b.retry_after(5.0) == pytest.approx(6.0)
+
+
 def test_reopening_after_a_close_counts_a_new_trip() -> None:
     b = opened()
     assert b.allows(11.0)
