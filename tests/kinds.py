@@ -51,9 +51,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for node in modules:  # the file's kind now sits on each of its tests
         node.own_markers = [m for m in node.own_markers if m.name not in KINDS]
     if missing:
+        files = sorted({m.split("::")[0] for m in missing})
         raise pytest.UsageError(
-            f"tests without a kind ({', '.join(KINDS)}): {', '.join(missing[:5])}; "
-            "give the file a pytestmark"
+            f"{len(missing)} test(s) without a kind ({', '.join(KINDS)}) in {', '.join(files)}, "
+            f"e.g. {missing[0]}: give the file a pytestmark"
         )
 
 
