@@ -25,7 +25,7 @@ otherwise (the transformer has thousands) the predicted best for every link and
 scenario, the 3 next best for each, none and all, and cuts evenly spaced in
 edge FLOPs up to the limit. "Measured best" is the best of the measured cuts.
 
-Links: uplinks 0.5, 1, 2, 5, 10, 20, 50 Mbit/s, and every shared uplink trace
+Links: uplinks 0.5, 1, 2, 5, 10, 20, 50 Mbit/s, and every bundled uplink trace (sim/traces/)
 planned two ways: with its mean rate alone (``mean``) and with its capacity
 distribution (``dist``, 0.1 s windows); round trip 50 ms.
 
@@ -82,10 +82,11 @@ from splitinfer.partitioner.segments import cloud_model, edge_model
 from splitinfer.shared.codecs import Int8ZstdCodec, QuantParams, RawCodec, calibrate_params
 from splitinfer.shared.costs import CutCost, rank
 from splitinfer.shared.links import Link, MahimahiTrace
+from splitinfer.sim import traces
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = traces.DIR
 
 UPLINKS_MBIT = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
 QUICK_UPLINKS_MBIT = (0.5, 5.0, 50.0)
@@ -199,16 +200,15 @@ def link_cases(quick: bool, rtt_s: float) -> list[LinkCase]:
         LinkCase(f"{m:g} Mbit/s", Link(m * 1e6, DOWNLINK_BPS, rtt_s), None)
         for m in (QUICK_UPLINKS_MBIT if quick else UPLINKS_MBIT)
     ]
-    if TRACES.is_dir():
-        for path in sorted(TRACES.glob("*.up")):
-            if quick and path.name not in QUICK_TRACES:
-                continue
-            trace = MahimahiTrace.load(path)
-            short = path.name.removesuffix(".up")
-            mean = Link(trace.mean_bps, DOWNLINK_BPS, rtt_s)
-            dist = Link.from_trace(trace, rtt_s=rtt_s, downlink_bps=DOWNLINK_BPS)
-            cases.append(LinkCase(f"{short} mean", mean, trace))
-            cases.append(LinkCase(f"{short} dist", dist, trace))
+    for path in sorted(TRACES.glob("*.up")):
+        if quick and path.name not in QUICK_TRACES:
+            continue
+        trace = MahimahiTrace.load(path)
+        short = path.name.removesuffix(".up")
+        mean = Link(trace.mean_bps, DOWNLINK_BPS, rtt_s)
+        dist = Link.from_trace(trace, rtt_s=rtt_s, downlink_bps=DOWNLINK_BPS)
+        cases.append(LinkCase(f"{short} mean", mean, trace))
+        cases.append(LinkCase(f"{short} dist", dist, trace))
     return cases
 
 

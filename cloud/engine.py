@@ -444,7 +444,7 @@ class Engine:
             log.error(
                 "%s version %s: batch of %d failed", model, lv.version, batch.rows, exc_info=failure
             )
-            vm.breaker_open.set(lv.breaker.state != "closed")
+            vm.breaker_open.set(not lv.breaker.closed)
             error = BatchFailed(
                 f"the model failed on this batch: {' '.join(str(failure).split())[:200]}"
             )

@@ -1,15 +1,18 @@
-"""Overload control: the refusals, per-device rate limits and per-version circuit breakers.
+"""Overload control: the refusals and per-device rate limits.
 
 Pure logic: every method takes ``now`` (monotonic seconds). The number of
 concurrent batches per model is bounded by the batcher itself
-(``BatchingConfig.max_concurrent_batches``).
+(``BatchingConfig.max_concurrent_batches``). Each serving version has a circuit
+breaker, :class:`splitinfer.shared.breaker.CircuitBreaker` (the edge's endpoints use
+the same one); :class:`CircuitOpen` is its refusal.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from splitinfer.shared.errors import OverloadError, SplitInferError
 
@@ -71,7 +74,7 @@ class RateLimiter:
         self.rate = rate
         self.burst = max(1.0, burst)
         self.max_devices = max_devices
-        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._buckets: LRUCache[str, _Bucket] = LRUCache(maxsize=max(1, max_devices))
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -80,14 +83,11 @@ class RateLimiter:
         """Take ``cost`` tokens from ``device``'s bucket or raise :class:`RateLimited`."""
         if self.rate <= 0:
             return
-        bucket = self._buckets.pop(device, None)
+        bucket = self._buckets.get(device)  # a hit makes it the most recent
         if bucket is None:
-            bucket = _Bucket(self.burst, now)
-            while len(self._buckets) >= self.max_devices:
-                self._buckets.popitem(last=False)
+            bucket = self._buckets[device] = _Bucket(self.burst, now)
         bucket.tokens = min(self.burst, bucket.tokens + max(0.0, now - bucket.stamp) * self.rate)
         bucket.stamp = now
-        self._buckets[device] = bucket
         if bucket.tokens < cost:
             wait = (cost - bucket.tokens) / self.rate
             raise RateLimited(
@@ -96,65 +96,3 @@ class RateLimiter:
                 retry_after=wait,
             )
         bucket.tokens -= cost
-
-
-class CircuitBreaker:
-    """Opens after ``failures`` consecutive failed batches; one trial after ``cooldown``.
-
-    closed: traffic flows. open: :meth:`allows` is False until ``cooldown``
-    seconds passed, then half-open: one caller gets through (a trial); its
-    success closes the breaker, its failure opens it again.
-    """
-
-    def __init__(self, failures: int = 5, cooldown: float = 10.0) -> None:
-        self.threshold = failures
-        self.cooldown = cooldown
-        self.consecutive = 0
-        self.opened_at: float | None = None
-        self._trial = False
-        self._trial_at = 0.0
-        self.trips = 0
-
-    @property
-    def state(self) -> str:
-        if self.opened_at is None:
-            return "closed"
-        return "half-open" if self._trial else "open"
-
-    def available(self, now: float) -> bool:
-        """Whether :meth:`allows` could say yes now (no side effect)."""
-        if self.opened_at is None:
-            return True
-        since = now - (self._trial_at if self._trial else self.opened_at)
-        return since >= self.cooldown
-
-    def allows(self, now: float) -> bool:
-        """Whether a new request may go to this version now."""
-        if self.opened_at is None:
-            return True
-        # one trial at a time; a trial that never reported (its request was
-        # refused before it ran) is replaced after another cooldown
-        since = now - (self._trial_at if self._trial else self.opened_at)
-        if since >= self.cooldown:
-            self._trial = True
-            self._trial_at = now
-            return True
-        return False
-
-    def retry_after(self, now: float) -> float:
-        if self.opened_at is None:
-            return 0.0
-        return max(0.0, self.opened_at + self.cooldown - now)
-
-    def record(self, ok: bool, now: float) -> None:
-        if ok:
-            self.consecutive = 0
-            self.opened_at = None
-            self._trial = False
-            return
-        self.consecutive += 1
-        if self._trial or self.consecutive >= self.threshold:
-            if self.opened_at is None or self._trial:
-                self.trips += 1
-            self.opened_at = now
-            self._trial = False

@@ -28,11 +28,12 @@ import numpy as np
 from splitinfer.cloud.config import ModelPolicy, RuntimeConfig, ServiceConfig
 from splitinfer.cloud.estimate import LatencyModel
 from splitinfer.cloud.metrics import Metrics
-from splitinfer.cloud.overload import CircuitBreaker, CircuitOpen, Rejected
+from splitinfer.cloud.overload import CircuitOpen, Rejected
 from splitinfer.cloud.repository import Candidate, HashCache, scan, select_versions, version_key
 from splitinfer.cloud.runtime import Runtime
 from splitinfer.cloud.tensors import PadPlan, batchable, bucket, pad_plan
 from splitinfer.cloud.traffic import choose_version, stable_draw
+from splitinfer.shared.breaker import CircuitBreaker
 from splitinfer.shared.codecs import (
     INT4_ZSTD,
     INT8_ZSTD,
@@ -306,7 +307,7 @@ class Registry:
                         "cuts": list(lv.cuts),
                         "default_cut": lv.manifest.default_cut,
                         "providers": next(iter(lv.cuts.values())).runtime.providers,
-                        "breaker": lv.breaker.state,
+                        "breaker": lv.breaker.state(self.clock()),
                         "load_seconds": round(lv.load_seconds, 3),
                     }
                 )

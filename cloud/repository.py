@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from cachetools import LRUCache
 
 from splitinfer.cloud.config import ModelPolicy
 from splitinfer.shared.errors import PackageError
@@ -64,23 +65,20 @@ class HashCache:
 
     def __init__(self, max_entries: int = 4096) -> None:
         self.max_entries = max_entries
-        self._cache: OrderedDict[tuple[str, int, int], str] = OrderedDict()
+        self._cache: LRUCache[tuple[str, int, int], str] = LRUCache(maxsize=max_entries)
 
     def sha256(self, path: Path) -> str:
         st = path.stat()
         key = (str(path), st.st_size, st.st_mtime_ns)
-        found = self._cache.get(key)
+        found = self._cache.get(key)  # a hit makes it the most recent
         if found is not None:
-            self._cache.move_to_end(key)
             return found
         h = hashlib.sha256()
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         digest = h.hexdigest()
-        self._cache[key] = digest
-        while len(self._cache) > self.max_entries:
-            self._cache.popitem(last=False)
+        self._cache[key] = digest  # the least recent entry goes when it is full
         return digest
 
 

@@ -1,10 +1,13 @@
 """Getting a frame to some cloud endpoint: retries, failover, breakers, health checks.
 
 :class:`Uplink` holds the configured endpoints in order of preference, each
-with a :class:`CircuitBreaker`. A request goes to the first endpoint whose
-breaker lets it through, preferring one not yet tried for this request; on no
-answer (refused, reset, timeout) or a 5xx/429 it moves on, with a jittered
-exponential backoff before it tries an endpoint a second time. Every attempt
+with a :class:`~splitinfer.shared.breaker.CircuitBreaker` (the one the cloud's
+versions use; after its cooldown up to ``max_connections`` trial requests at a
+time, see ``shared/breaker.py``). A request goes to
+the first endpoint whose breaker lets it through, preferring one not yet tried
+for this request; on no answer (refused, reset, timeout) or a 5xx/429 it moves on,
+with a jittered exponential backoff before it tries an endpoint a second time.
+Every attempt
 is signed afresh (new nonce and timestamp) and bounded by the request's
 deadline; when the deadline or the attempts run out, or every breaker is
 open, it raises :class:`CloudUnavailable` at once. A 4xx other than 429 is the
@@ -25,18 +28,17 @@ import math
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 from urllib.parse import quote
 
 from splitinfer.edge.config import UplinkConfig
 from splitinfer.edge.transport import Reply, Transport, TransportError
+from splitinfer.shared.breaker import BreakerState, CircuitBreaker
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
 
 FRAME_TYPE = "application/vnd.splitinfer.frame"
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 Signer = Callable[[str, str, bytes], Mapping[str, str]]
-BreakerState = Literal["closed", "open", "half-open"]
 #: Called after each attempt: (endpoint, outcome, seconds). Outcomes: ok, timeout,
 #: error, overloaded, refused.
 AttemptHook = Callable[[str, str, float], None]
@@ -56,35 +58,6 @@ class CloudRefused(SplitInferError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass
-class CircuitBreaker:
-    """Opens after ``failures_to_open`` consecutive failures; after ``reset_s`` it is
-    half-open: traffic may try it, one success closes it, one failure re-opens it."""
-
-    failures_to_open: int
-    reset_s: float
-    failures: int = 0
-    opened_at: float | None = None
-
-    def state(self, now: float) -> BreakerState:
-        if self.opened_at is None:
-            return "closed"
-        return "half-open" if now >= self.opened_at + self.reset_s else "open"
-
-    def allows(self, now: float) -> bool:
-        return self.state(now) != "open"
-
-    def success(self) -> None:
-        self.failures = 0
-        self.opened_at = None
-
-    def failure(self, now: float) -> None:
-        state = self.state(now)
-        self.failures += 1
-        if state == "half-open" or (state == "closed" and self.failures >= self.failures_to_open):
-            self.opened_at = now
 
 
 @dataclass
@@ -159,7 +132,14 @@ class Uplink:
             raise ConfigError("no cloud endpoint: give --cloud URL[,URL...]")
         self.config = config
         self.endpoints = [
-            Endpoint(t, CircuitBreaker(config.breaker_failures, config.breaker_reset_s))
+            # half-open: as many trials as connections (for these requests the
+            # alternative is failing); the cloud trusts a failing version with one
+            Endpoint(
+                t,
+                CircuitBreaker(
+                    config.breaker_failures, config.breaker_reset_s, config.max_connections
+                ),
+            )
             for t in transports
         ]
         self._signer = signer
@@ -170,8 +150,9 @@ class Uplink:
 
     # -- sending -----------------------------------------------------------------
     def _pick(self, now: float, tried: Mapping[str, int]) -> Endpoint | None:
-        """The allowed endpoint tried least often for this request; first in order on ties."""
-        allowed = [e for e in self.endpoints if e.breaker.allows(now)]
+        """The available endpoint tried least often for this request; first in order on
+        ties. Its breaker's half-open trial is taken only when the request is sent."""
+        allowed = [e for e in self.endpoints if e.breaker.available(now)]
         if not allowed:
             return None
         return min(allowed, key=lambda e: tried.get(e.name, 0))
@@ -223,30 +204,39 @@ class Uplink:
             if remaining <= 0:
                 problems.append("deadline passed")
                 break
+            if not endpoint.breaker.allows(now):  # its half-open trial went to another request
+                problems.append(f"{endpoint.name}: its circuit breaker's one trial is out")
+                continue
             tried[endpoint.name] = tried.get(endpoint.name, 0) + 1
             timeout = min(cfg.timeout_s, remaining)
             sent = self._headers(path, body, headers or {})
             t0 = self._clock()
             try:
                 reply = await endpoint.transport.request("POST", path, body, sent, timeout)
+            except asyncio.CancelledError:
+                endpoint.breaker.release()  # no verdict: the next request may try
+                raise
             except TransportError as exc:
-                endpoint.breaker.failure(self._clock())
+                endpoint.breaker.record(False, self._clock())
                 self._note(endpoint.name, "timeout" if exc.timeout else "error", self._clock() - t0)
                 problems.append(str(exc))
                 continue
             elapsed = self._clock() - t0
             if reply.status == 200:
-                endpoint.breaker.success()
+                endpoint.breaker.record(True, self._clock())
                 self._note(endpoint.name, "ok", elapsed)
                 return Delivery(reply, endpoint.name, attempt + 1, elapsed)
             message = error_message(reply)
             if reply.status == 429 or reply.status >= 500:
                 if reply.status >= 500:
-                    endpoint.breaker.failure(self._clock())
+                    endpoint.breaker.record(False, self._clock())
+                else:  # shedding load is no verdict on the endpoint's health
+                    endpoint.breaker.release()
                 self._note(endpoint.name, "overloaded", elapsed)
                 wait_hint = retry_after(reply)
                 problems.append(f"{endpoint.name}: {reply.status} {message}")
                 continue
+            endpoint.breaker.record(True, self._clock())  # it answered: it is up
             self._note(endpoint.name, "refused", elapsed)
             raise CloudRefused(
                 f"cloud {endpoint.name} refused the request: {reply.status} {message}",
@@ -267,14 +257,14 @@ class Uplink:
             try:
                 reply = await endpoint.transport.request("GET", "/healthz", b"", {}, timeout)
             except TransportError:
-                endpoint.breaker.failure(self._clock())
+                endpoint.breaker.record(False, self._clock())
                 return
             if reply.status == 200:
-                endpoint.breaker.success()
+                endpoint.breaker.record(True, self._clock())
                 if on_rtt is not None:
                     on_rtt(self._clock() - t0)
             else:
-                endpoint.breaker.failure(self._clock())
+                endpoint.breaker.record(False, self._clock())
 
         await asyncio.gather(*(one(e) for e in self.endpoints))
 
@@ -284,4 +274,4 @@ class Uplink:
 
     def any_available(self) -> bool:
         now = self._clock()
-        return any(e.breaker.allows(now) for e in self.endpoints)
+        return any(e.breaker.available(now) for e in self.endpoints)

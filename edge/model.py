@@ -20,6 +20,8 @@ import numpy as np
 
 from splitinfer.edge.config import RuntimeConfig
 from splitinfer.edge.runtime import (
+    CUDA,
+    TENSORRT,
     DeviceInfo,
     SegmentRunner,
     available_providers,
@@ -168,7 +170,8 @@ def load_model(
     manifest = package.manifest
     providers = list(available) if available is not None else available_providers()
     if device is None:
-        device = detect_device(want_gpu=any(p != "CPUExecutionProvider" for p in providers))
+        # only a GPU provider makes nvidia-smi worth a process (a CPU build lists Azure too)
+        device = detect_device(want_gpu=any(p in (CUDA, TENSORRT) for p in providers))
     wanted = list(manifest.cut_ids) if cuts is None else list(cuts)
     unknown = [c for c in wanted if manifest.find_cut(c) is None]
     if unknown:

@@ -15,7 +15,7 @@ A duration is a number and ``us``, ``ms`` or ``s``: ``50ms``, ``0.05s``, ``1s``.
 Every function and field here works in bits per second and seconds, except the
 Mahimahi trace, whose native unit is the millisecond.
 
-Mahimahi traces (``../shared/traces/README.md``): one integer per line, a
+Mahimahi traces (``sim/traces/README.md``): one integer per line, a
 millisecond timestamp; each line is one opportunity for one 1500-byte packet.
 The trace repeats with period = its last timestamp, so opportunity ``m = c*n + i``
 of an ``n``-line trace happens at ``ts[i] + c * period``.

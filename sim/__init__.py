@@ -6,6 +6,9 @@
   injected clock (bottleneck, delay, jitter, loss, outages, droptail queue);
 * :mod:`~splitinfer.sim.link`: :class:`EmulatedLink`, an asyncio TCP proxy on
   loopback through two shapers;
+* :mod:`~splitinfer.sim.virtual`: the same proxy with no sockets on a virtual-time
+  event loop (how the tests drive it);
+* :mod:`~splitinfer.sim.traces`: the vendored Mahimahi traces;
 * :mod:`~splitinfer.sim.scenario`: :class:`Scenario`, a scenario TOML file;
 * :mod:`~splitinfer.sim.strategies`: one split package per strategy;
 * :mod:`~splitinfer.sim.device`: a slower edge device as a profile;

@@ -27,8 +27,8 @@ import numpy as np
 
 from splitinfer.shared.errors import ConfigError
 from splitinfer.sim.link import EmulatedLink
-from splitinfer.sim.runner import RequestRecord
 from splitinfer.sim.scenario import Scenario
+from splitinfer.sim.workload import RequestRecord
 
 Array = np.ndarray[Any, Any]
 

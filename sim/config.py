@@ -17,13 +17,15 @@ from typing import Any
 
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import MahimahiTrace, parse_duration, parse_rate
+from splitinfer.sim import traces
 
 #: Words that mean "no rate limit" (delay, loss and outages still apply).
 UNLIMITED_WORDS = ("unlimited", "none", "inf")
 #: A lost segment costs at least this much even on a link without delay (s).
 MIN_RETRANSMIT_S = 0.001
 DIRECTION_FORMS = (
-    "a rate (5mbit, 500kB/s), a Mahimahi trace file, 'unlimited', or a table "
+    "a rate (5mbit, 500kB/s), a Mahimahi trace file (or a bundled trace's name, e.g. "
+    "ATT-LTE-driving-2016.up), 'unlimited', or a table "
     "{rate = ...} / {trace = PATH, offset = DURATION}"
 )
 _LINK_KEYS = (
@@ -339,11 +341,16 @@ def _milliseconds(value: object, name: str) -> float:
 
 
 def _path(value: object, base: Path | None) -> Path:
+    """A trace file: ``value`` relative to ``base``; a bare file name found nowhere
+    else is the bundled trace of that name (:mod:`splitinfer.sim.traces`)."""
     if not isinstance(value, (str, Path)):
         raise ConfigError(f"trace {value!r} must be a file path")
     path = Path(value).expanduser()
     if base is not None and not path.is_absolute():
         path = base / path
+    bundled = traces.DIR / str(value)
+    if not path.exists() and Path(value).name == str(value) and bundled.is_file():
+        return bundled
     return path
 
 

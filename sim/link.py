@@ -10,6 +10,10 @@ in segments of at most 1500 bytes, each written when the shaper says it arrives.
 All connections of a link share one shaper per direction, like one bottleneck.
 A new connection's first byte enters the link one round trip after the accept
 (the TCP handshake).
+
+All time is the event loop's: on :class:`~splitinfer.sim.virtual.VirtualTimeLoop`
+with :meth:`EmulatedLink.in_memory` (no sockets, the target an in-process handler)
+the same proxy runs on virtual time, which is how the tests drive it.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import contextlib
 import itertools
 import math
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +36,32 @@ from splitinfer.sim.config import Direction, LinkConfig
 from splitinfer.sim.shaper import Delivery, Shaper
 
 Side = Literal["uplink", "downlink"]
+
+
+class ByteReader(Protocol):
+    """What the proxy reads from: :class:`asyncio.StreamReader` or an in-memory one."""
+
+    async def read(self, n: int = -1) -> bytes: ...
+    async def readexactly(self, n: int) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    """What the proxy writes to: :class:`asyncio.StreamWriter` or an in-memory one."""
+
+    def write(self, data: bytes) -> None: ...
+    async def drain(self) -> None: ...
+    def can_write_eof(self) -> bool: ...
+    def write_eof(self) -> None: ...
+    def is_closing(self) -> bool: ...
+    def close(self) -> None: ...
+    async def wait_closed(self) -> None: ...
+
+
+Stream = tuple[ByteReader, ByteWriter]
+#: Opens the link's connection to its target.
+Connector = Callable[[], Awaitable[Stream]]
+#: Serves one connection (``asyncio.start_server``'s callback).
+Handler = Callable[[ByteReader, ByteWriter], Awaitable[None]]
 #: Bytes one direction of one connection holds between reading and delivering; past
 #: it the proxy stops reading, so the sender feels back-pressure as from a full TCP
 #: window (about Linux's largest autotuned receive window).
@@ -124,7 +155,8 @@ class _Pipe:
 
 class EmulatedLink:
     """A TCP proxy on ``host``:``port`` (0: any free port, see :attr:`port`) to
-    ``target`` through an emulated link; use as ``async with``."""
+    ``target`` through an emulated link; use as ``async with``. :meth:`in_memory`
+    makes one with no sockets."""
 
     def __init__(
         self,
@@ -134,6 +166,8 @@ class EmulatedLink:
         host: str = "127.0.0.1",
         port: int = 0,
         window_bytes: int = WINDOW_BYTES,
+        connect: Connector | None = None,
+        listen: bool = True,
     ) -> None:
         if window_bytes < PACKET_BYTES:
             raise ValueError(f"window_bytes={window_bytes!r} must be at least one segment")
@@ -142,18 +176,54 @@ class EmulatedLink:
         self.host = host
         self._listen_port = port
         self.window_bytes = window_bytes
+        self._connect = connect or self._connect_tcp
+        self._listen = listen
         self.uplink_stats = DirectionStats()
         self.downlink_stats = DirectionStats()
         self.connections = 0
         self.origin = math.nan
         self._shapers: dict[Side, Shaper] = {}
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
         self._ids = itertools.count()
         self._timers: list[asyncio.TimerHandle] = []
         #: writers asleep until a segment is due, woken early when segments are re-timed
         self._sleepers: set[asyncio.Future[None]] = set()
         self.port = 0
+
+    @classmethod
+    def in_memory(
+        cls, config: LinkConfig, serve: Handler, *, window_bytes: int = WINDOW_BYTES
+    ) -> EmulatedLink:
+        """A link with no sockets: :meth:`open_connection` gives a client end, and each
+        connection's far end is served by ``serve(reader, writer)`` in this process."""
+        from splitinfer.sim.virtual import memory_pipe
+
+        async def connect() -> Stream:
+            near, far = memory_pipe()
+            link._spawn(serve(*far))
+            return near
+
+        link = cls(config, ("memory", 0), window_bytes=window_bytes, connect=connect, listen=False)
+        return link
+
+    async def open_connection(self) -> Stream:
+        """A client connection into the link (to :attr:`port`, or in memory)."""
+        if self._listen:
+            return await asyncio.open_connection(self.host, self.port)
+        from splitinfer.sim.virtual import memory_pipe
+
+        client, server = memory_pipe()
+        self._spawn(self._accept(*server))
+        return client
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connect_tcp(self) -> Stream:
+        return await asyncio.open_connection(*self.target)
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -163,8 +233,9 @@ class EmulatedLink:
             self._shapers[side] = Shaper.for_link(self.config, side, self.origin)
         for change in self.config.changes:
             self._arm(change.at_s)
-        self._server = await asyncio.start_server(self._accept, self.host, self._listen_port)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        if self._listen:
+            self._server = await asyncio.start_server(self._accept, self.host, self._listen_port)
+            self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
         for timer in self._timers:
@@ -262,7 +333,7 @@ class EmulatedLink:
         return self.uplink_stats if side == "uplink" else self.downlink_stats
 
     # -- the proxy --------------------------------------------------------------------
-    async def _accept(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, c_reader: ByteReader, c_writer: ByteWriter) -> None:
         # asyncio's server reports a handler task that ends cancelled as an error, so
         # the connection runs in a task of its own that close() may cancel
         task = asyncio.ensure_future(self._connection(c_reader, c_writer))
@@ -272,19 +343,17 @@ class EmulatedLink:
         finally:
             self._tasks.discard(task)
 
-    async def _connection(
-        self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter
-    ) -> None:
+    async def _connection(self, c_reader: ByteReader, c_writer: ByteWriter) -> None:
         loop = asyncio.get_running_loop()
         accepted = loop.time()
         conn = next(self._ids)
         self.connections += 1
-        t_writer: asyncio.StreamWriter | None = None
+        t_writer: ByteWriter | None = None
         up: tuple[str, int] = ("up", conn)
         down: tuple[str, int] = ("down", conn)
         try:
             try:
-                t_reader, t_writer = await asyncio.open_connection(*self.target)
+                t_reader, t_writer = await self._connect()
             except OSError:
                 return  # the client sees the connection closed, as with a refused connect
             handshake = accepted + 2 * self.config.delay_ms / 1000.0
@@ -306,8 +375,8 @@ class EmulatedLink:
 
     async def _pump(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: ByteReader,
+        writer: ByteWriter,
         side: Side,
         stream: tuple[str, int],
         not_before: float,
@@ -320,7 +389,7 @@ class EmulatedLink:
 
     async def _read(
         self,
-        reader: asyncio.StreamReader,
+        reader: ByteReader,
         pipe: _Pipe,
         side: Side,
         stream: tuple[str, int],
@@ -348,7 +417,7 @@ class EmulatedLink:
                 pipe.put(d, segment)
             await pipe.writable.wait()
 
-    async def _deliver(self, pipe: _Pipe, writer: asyncio.StreamWriter, side: Side) -> None:
+    async def _deliver(self, pipe: _Pipe, writer: ByteWriter, side: Side) -> None:
         loop = asyncio.get_running_loop()
         stats = self.stats(side)
         while True:

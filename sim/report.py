@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from splitinfer.sim.config import LinkConfig
-from splitinfer.sim.runner import StrategyRun
+from splitinfer.sim.workload import StrategyRun
 
 STAGES = ("edge", "privacy", "encode", "uplink", "decode", "local")
 

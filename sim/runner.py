@@ -9,8 +9,9 @@
   over real HTTP (:class:`~splitinfer.edge.transport.HttpTransport`), its
   health-check loop, and its compute on its own thread. Either way the device's
   profile stretches the edge segments (``edge/emulate.py``);
-* :func:`drive`: the workload (Poisson arrivals or a closed loop) for a duration,
-  one :class:`RequestRecord` per request: latency, cut, bytes, errors, epsilon;
+* :func:`~splitinfer.sim.workload.drive`: the workload (Poisson arrivals or a closed
+  loop) for a duration, one :class:`~splitinfer.sim.workload.RequestRecord` per
+  request: latency, cut, bytes, errors, epsilon;
 * :func:`run_strategy` and :func:`run_scenario`: all of it, strategy by strategy,
   each on a fresh link with the same configuration.
 """
@@ -21,13 +22,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,18 +36,21 @@ from splitinfer.edge.model import EdgeModel, load_model, sample_inputs
 from splitinfer.edge.pipeline import Pipeline
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
 from splitinfer.shared.errors import SplitInferError
+from splitinfer.sim.agents import AgentProcess, ProcessDevice, agent_argv, agent_status, started
 from splitinfer.sim.cloud import CloudService, batch_sizes
 from splitinfer.sim.config import LinkConfig
 from splitinfer.sim.device import emulated
 from splitinfer.sim.link import EmulatedLink
 from splitinfer.sim.scenario import Scenario
 from splitinfer.sim.strategies import Strategy
+from splitinfer.sim.workload import Device, RequestRecord, StrategyRun, drive
 
 __all__ = [
     "CloudService",
     "RequestRecord",
     "StrategyRun",
     "batch_sizes",
+    "drive",
     "run_scenario",
     "run_strategy",
 ]
@@ -58,30 +60,6 @@ T = TypeVar("T")
 Array = np.ndarray[Any, Any]
 
 # -- one edge device --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One request as the application saw it."""
-
-    agent: int
-    #: link time (s since the agent's first link started) when it was sent
-    start_s: float
-    latency_s: float
-    #: the cut that served it; "local" for the fallback model
-    cut: str = ""
-    local: bool = False
-    #: "" when answered, else the error's one line
-    error: str = ""
-    up_bytes: int = 0
-    down_bytes: int = 0
-    endpoint: str = ""
-    epsilon: float | None = None
-    timings: Mapping[str, float] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.error
 
 
 class EdgeDevice:
@@ -189,82 +167,7 @@ class EdgeDevice:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-# -- the workload -----------------------------------------------------------------------
-
-
-class Device(Protocol):
-    """What the workload needs of an edge device (in process or an agent process)."""
-
-    index: int
-
-    async def infer(self, inputs: Mapping[str, Array]) -> RequestRecord: ...
-
-
-async def drive(
-    device: Device,
-    kind: str,
-    rate: float,
-    concurrency: int,
-    duration_s: float,
-    samples: Sequence[Mapping[str, Array]],
-    seed: int = 0,
-) -> list[RequestRecord]:
-    """Send ``device`` requests for ``duration_s``; wait for every answer or error."""
-    rng = random.Random(seed)
-    records: list[RequestRecord] = []
-    count = 0
-
-    async def one() -> None:
-        nonlocal count
-        sample = samples[count % len(samples)]
-        count += 1
-        records.append(await device.infer(sample))
-
-    loop = asyncio.get_running_loop()
-    end = loop.time() + duration_s
-    if kind == "closed":
-
-        async def worker() -> None:
-            while loop.time() < end:
-                await one()
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return records
-    pending: set[asyncio.Task[None]] = set()
-    at = loop.time()
-    while True:
-        at += rng.expovariate(rate)
-        if at >= end:
-            break
-        await asyncio.sleep(max(at - loop.time(), 0.0))
-        task = asyncio.create_task(one())
-        pending.add(task)
-        task.add_done_callback(pending.discard)
-    if pending:
-        await asyncio.gather(*pending)
-    return records
-
-
 # -- one strategy, one scenario ---------------------------------------------------------
-
-
-@dataclass
-class StrategyRun:
-    """What one strategy did."""
-
-    strategy: str
-    records: list[RequestRecord]
-    duration_s: float
-    #: bytes the links carried, up and down (all links of all agents)
-    link_up_bytes: int = 0
-    link_down_bytes: int = 0
-    #: cut switches of adaptive agents, summed
-    switches: int = 0
-    #: batches and samples the cloud ran during this strategy
-    cloud_batches: float = 0.0
-    cloud_samples: float = 0.0
-    #: the largest privacy budget spent by an agent (its /v1/status); None: no budget
-    epsilon_spent: float | None = None
 
 
 @contextlib.asynccontextmanager
@@ -389,14 +292,6 @@ async def _run_processes(
     log_dir: Path,
 ) -> StrategyRun:
     import aiohttp
-
-    from splitinfer.sim.agents import (
-        AgentProcess,
-        ProcessDevice,
-        agent_argv,
-        agent_status,
-        started,
-    )
 
     edge = scenario.edge
     model = f"{strategy.package.parent.name}:{strategy.version}"

@@ -22,7 +22,7 @@ the workload and the cloud's batching, as frozen dataclasses read from TOML.
     duration = "20s"
 
     [link]                                 # sim.config.LinkConfig.from_dict
-    uplink = { trace = "traces/ATT-LTE-driving-2016.up", offset = "30s" }
+    uplink = { trace = "ATT-LTE-driving-2016.up", offset = "30s" }  # bundled, or a path
     [backup_link]                          # optional: a second cloud endpoint
 
     [cloud]

@@ -1,4 +1,6 @@
-"""The strategies a scenario compares, each a split package built by ``partition``.
+"""The strategies a scenario compares, each a split package built as ``partition``
+builds it, through the partitioner's library (``prepare``, ``artifacts_for``,
+``auto_split``, ``write_package``): the model is loaded and analysed once.
 
 Every strategy's package is one *version* of the model in one cloud repository
 (``<repo>/<model>/<version>/``), so one cloud service serves them all side by
@@ -17,19 +19,25 @@ side and an agent asks for its strategy's version:
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import math
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from splitinfer.shared.errors import ConfigError, SplitInferError
+from splitinfer.shared.links import Link
 from splitinfer.shared.manifest import load_manifest
 from splitinfer.sim.config import LinkConfig
 from splitinfer.sim.scenario import Scenario, check_strategy
+
+if TYPE_CHECKING:
+    from splitinfer.partitioner.pipeline import CutArtifacts, Prepared
+
+#: Calibration samples for a cloud-only cut's picture codec (``partition`` draws as
+#: many synthetic ones when no calibration folder is given).
+CODEC_SAMPLES = 64
 
 
 @dataclass(frozen=True)
@@ -49,64 +57,107 @@ def version_name(strategy: str) -> str:
     return check_strategy(strategy).replace(":", "-")
 
 
-def partition(argv: Sequence[str]) -> str:
-    """Run ``partition`` in process; its stdout, or a ConfigError with its message."""
-    from splitinfer.partitioner.cli import main
+def prepare(model: Path, input_shape: Sequence[str] = ()) -> Prepared:
+    """The partitioner's view of ``model``: loaded, optimized, analysed, its cuts."""
+    from splitinfer.partitioner.loader import parse_input_shapes
+    from splitinfer.partitioner.pipeline import prepare as prepare_model
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "-q"])
-    if code != 0:
-        lines = [line for line in err.getvalue().splitlines() if line.strip()]
-        raise ConfigError(lines[-1] if lines else f"partition {' '.join(argv)} failed ({code})")
-    return out.getvalue()
+    return prepare_model(model, parse_input_shapes(list(input_shape)))
 
 
-def split_cuts(model: Path, input_shape: Sequence[str] = ()) -> list[str]:
-    """The ids of every valid cut of ``model`` that splits it (neither none nor all)."""
-    shapes = [a for s in input_shape for a in ("--input-shape", s)]
-    table = json.loads(partition([str(model), "--list-cuts", "--json", *shapes]))
-    return [str(c["id"]) for c in table if c["kind"] == "split"]
+def split_cuts(prepared: Prepared) -> list[str]:
+    """The ids of every valid cut that splits the model (neither none nor all)."""
+    return [plan.id for plan in prepared.space.plans() if plan.kind == "split"]
 
 
-def expand(strategies: Sequence[str], model: Path, input_shape: Sequence[str] = ()) -> list[str]:
+def expand(strategies: Sequence[str], prepared: Prepared) -> list[str]:
     """``cuts`` replaced by one ``cut:ID`` per split cut."""
     out: list[str] = []
     for s in strategies:
         if s == "cuts":
-            out.extend(f"cut:{c}" for c in split_cuts(model, input_shape) if f"cut:{c}" not in out)
+            out.extend(f"cut:{c}" for c in split_cuts(prepared) if f"cut:{c}" not in out)
         elif s not in out:
             out.append(s)
     return out
 
 
-def planning_flags(link: LinkConfig) -> list[str]:
-    """``--uplink/--downlink/--rtt`` for the link's mean rates (a trace: its mean)."""
-    flags = ["--rtt", f"{2 * link.delay_ms:g}ms"]
-    up = link.uplink.mean_bps
-    flags += ["--uplink", f"{up:.6g}bit" if math.isfinite(up) else "10gbit"]
-    down = link.downlink.mean_bps
-    flags += ["--downlink", f"{down:.6g}bit" if math.isfinite(down) else "10gbit"]
-    return flags
+def planning_link(link: LinkConfig) -> Link:
+    """The link ``--split auto`` plans for: the mean rates (a trace: its mean), the
+    round trip of the delays; an unlimited direction as 10 Gbit/s."""
+    up, down = link.uplink.mean_bps, link.downlink.mean_bps
+    return Link.fixed(
+        up if math.isfinite(up) else 10e9,
+        down if math.isfinite(down) else 10e9,
+        2 * link.delay_ms / 1000.0,
+    )
 
 
-def client_codec(model: Path) -> list[str]:
-    """How a real client uploads the raw input: pictures as PNG (8 bits a pixel, as a
-    camera gives them), anything else with the package's usual codec."""
-    import onnx
-
+def input_codec(prepared: Prepared) -> str | None:
+    """How a real client uploads the raw input: pictures as ``png`` (8 bits a pixel,
+    as a camera gives them); None: the package's usual codec."""
+    from splitinfer.partitioner.pipeline import tensor_spec
     from splitinfer.shared.images import layout
 
-    graph = onnx.load(str(model), load_external_data=False).graph
-    initializers = {t.name for t in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in initializers]
-    shapes = [
-        [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
-        for dims in (i.type.tensor_type.shape.dim for i in inputs)
-    ]
-    if shapes and all(layout(shape) is not None for shape in shapes):
-        return ["--input-codec", "png"]
-    return []
+    specs = [tensor_spec(prepared.analysis, t) for t in prepared.space.find("none").crossing]
+    if specs and all(layout(spec.shape) is not None for spec in specs):
+        return "png"
+    return None
+
+
+def write_strategy(
+    prepared: Prepared,
+    name: str,
+    out: Path,
+    *,
+    profile: Path | str | None = None,
+    link: LinkConfig | None = None,
+    candidates: int = 1,
+    fallback: bool = False,
+) -> None:
+    """Write the package of strategy ``name`` into ``out`` with the partitioner's
+    library: what ``partition --split ...`` writes for it (see the module docstring)."""
+    from splitinfer.partitioner.pipeline import PackageExtras, artifacts_for, write_package
+
+    if name in ("auto", "adaptive"):
+        from splitinfer.partitioner.auto import AutoOptions, auto_split
+
+        opts = AutoOptions(
+            link=planning_link(link or LinkConfig()),
+            edge_profile=None if profile is None else str(profile),
+            candidates=candidates if name == "adaptive" else 1,
+        )
+        result = auto_split(prepared, opts, lambda _m: None, lambda _m: None)
+        extras = result.extras
+        if fallback:
+            extras.fallback = prepared.optimized
+        write_package(prepared, result.artifacts, out, extras=extras)
+        return
+    cut = {"edge-only": "all", "cloud-only": "none"}.get(name) or name.split(":", 1)[1]
+    art = artifacts_for(prepared, prepared.space.find(cut))
+    codec = input_codec(prepared) if name == "cloud-only" else None
+    if codec is not None:
+        _plan_input_codec(prepared, art, codec)
+    extras = PackageExtras(fallback=prepared.optimized if fallback else None)
+    write_package(prepared, [art], out, extras=extras)
+
+
+def _plan_input_codec(prepared: Prepared, art: CutArtifacts, codec: str) -> None:
+    """The cloud-only cut's inputs travel with ``codec`` (``partition --input-codec``),
+    its pixel mapping calibrated on synthetic samples as ``partition`` does without a
+    calibration folder. Unlike ``partition``, no agreement is measured: the
+    partitioner has no public function for that part (``cli._plan_inputs``)."""
+    from splitinfer.partitioner.calibration import synthetic_calibration
+    from splitinfer.partitioner.pipeline import io_spec
+    from splitinfer.partitioner.wirecodec import InputCodec, plan_wire, stack
+
+    a = prepared.analysis
+    inputs = [io_spec(vi) for vi in a.model.graph.input if vi.name in a.inputs]
+    shapes = {k: (1, *v) for k, v in a.sample_input_shapes.items()}
+    feeds = stack(synthetic_calibration(inputs, CODEC_SAMPLES, 0, shapes))
+    acts = {t: feeds[t] for t in art.plan.crossing}
+    wire = plan_wire(acts, dictionary_file="unused", input_codec=InputCodec(codec))
+    art.codec, art.quant = wire.codec, wire.quant
+    art.quality["wire"] = wire.summary()
 
 
 def build(
@@ -115,32 +166,25 @@ def build(
     """Partition ``scenario.model`` once per strategy into ``repo/<model>/<version>``;
     ``auto`` and ``adaptive`` plan with the device's node ``profile`` (None: measure
     on this machine)."""
-    model = scenario.model
-    shapes = [a for s in scenario.input_shape for a in ("--input-shape", s)]
-    fallback = ["--edge-fallback"] if scenario.edge.fallback else []
     work.mkdir(parents=True, exist_ok=True)
-    names = expand(scenario.strategies, model, scenario.input_shape)
+    prepared = prepare(scenario.model, scenario.input_shape)
     built: list[Strategy] = []
     tmp = work / "packages"
-    for name in names:
+    for name in expand(scenario.strategies, prepared):
         version = version_name(name)
         out = tmp / version
         if out.exists():
             shutil.rmtree(out)
-        if name in ("auto", "adaptive"):
-            extra = ["--split", "auto"]
-            extra += ["--edge-profile", str(profile)] if profile is not None else []
-            extra += planning_flags(scenario.link)
-            if name == "adaptive":
-                extra += ["--candidates", str(scenario.candidates)]
-        elif name == "edge-only":
-            extra = ["--split", "all"]
-        elif name == "cloud-only":
-            extra = ["--split", "none", *client_codec(model)]
-        else:
-            extra = ["--split", name.split(":", 1)[1]]
         try:
-            partition([str(model), *extra, *shapes, *fallback, "-o", str(out)])
+            write_strategy(
+                prepared,
+                name,
+                out,
+                profile=profile,
+                link=scenario.link,
+                candidates=scenario.candidates,
+                fallback=scenario.edge.fallback,
+            )
         except SplitInferError as exc:
             raise ConfigError(f"strategy {name}: {exc}") from None
         manifest = load_manifest(out)
@@ -163,9 +207,9 @@ def device_profile(scenario: Scenario, work: Path) -> str | None:
         return scenario.edge.device
     if scenario.edge.slowdown <= 1:
         return None
-    shapes = [a for s in scenario.input_shape for a in ("--input-shape", s)]
     whole = work / "profile-package"
     if whole.exists():
         shutil.rmtree(whole)
-    partition([str(scenario.model), "--split", "none", *shapes, "-o", str(whole)])
+    prepared = prepare(scenario.model, scenario.input_shape)
+    write_strategy(prepared, "cut:none", whole)
     return str(slowed_profile(whole, scenario.edge.slowdown, work / "edge-profile.json"))

@@ -12,7 +12,6 @@ from splitinfer.cloud.batcher import Batch, Batcher, Item, QueueKey
 from splitinfer.cloud.config import BatchingConfig
 from splitinfer.cloud.estimate import ArrivalRate, LatencyModel
 from splitinfer.cloud.overload import (
-    CircuitBreaker,
     DeadlineUnmeetable,
     QueueFull,
     RateLimited,
@@ -393,26 +392,6 @@ def test_the_rate_limiter_is_a_token_bucket_per_device() -> None:
     rl.check("third", 0.5)
     assert len(rl) == 2  # bounded: the least recent device was dropped
     RateLimiter(rate=0, burst=0).check("any", 0.0)  # 0 = unlimited
-
-
-def test_the_circuit_breaker_opens_tries_once_and_closes() -> None:
-    cb = CircuitBreaker(failures=3, cooldown=10.0)
-    for _ in range(2):
-        cb.record(False, 0.0)
-    assert cb.allows(0.0)
-    cb.record(False, 1.0)
-    assert cb.state == "open"
-    assert not cb.allows(5.0)
-    assert cb.retry_after(5.0) == pytest.approx(6.0)
-    assert cb.allows(11.0)  # the one trial
-    assert not cb.allows(11.5)
-    cb.record(False, 12.0)  # the trial failed: open again
-    assert not cb.allows(13.0)
-    assert cb.allows(22.0)
-    cb.record(True, 22.5)
-    assert cb.state == "closed"
-    assert cb.allows(22.5)
-    assert cb.trips == 2
 
 
 def test_retry_after_is_whole_seconds_at_least_one() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Callable, Mapping
@@ -10,7 +11,6 @@ import pytest
 
 from splitinfer.edge.config import UplinkConfig
 from splitinfer.edge.failover import (
-    CircuitBreaker,
     CloudRefused,
     CloudUnavailable,
     Uplink,
@@ -67,24 +67,6 @@ def uplink(
         rng=random.Random(7),
     )
     return up, transports
-
-
-def test_breaker_opens_half_opens_and_closes() -> None:
-    b = CircuitBreaker(failures_to_open=2, reset_s=5.0)
-    assert b.state(0.0) == "closed"
-    b.failure(0.0)
-    assert b.state(0.0) == "closed"
-    b.failure(1.0)
-    assert b.state(1.0) == "open"
-    assert not b.allows(5.9)
-    assert b.state(6.0) == "half-open"
-    assert b.allows(6.0)
-    b.failure(6.0)  # a failed trial re-opens at once
-    assert b.state(6.5) == "open"
-    assert b.state(11.0) == "half-open"
-    b.success()
-    assert b.state(11.0) == "closed"
-    assert b.failures == 0
 
 
 async def test_first_endpoint_is_preferred_and_bodies_are_posted() -> None:
@@ -229,3 +211,62 @@ def test_error_bodies_and_retry_after() -> None:
     assert retry_after(Reply(503, {"retry-after": "3"})) == 3.0
     assert retry_after(Reply(503, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
     assert retry_after(Reply(503, {})) == 0.0
+
+
+async def test_a_half_open_endpoint_gets_its_trials_and_the_rest_go_elsewhere() -> None:
+    world = World()
+    gate: dict[str, asyncio.Future[None]] = {}
+    alive = {"ep0": False}
+
+    class Gated(FunctionTransport):
+        async def request(
+            self, method: str, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float
+        ) -> Reply:
+            if self.name == "ep0" and "trial" in gate:
+                await gate["trial"]  # the trial is in flight until the test lets it go
+            return await super().request(method, path, body, headers, timeout_s)
+
+    def flaky(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
+        if not alive["ep0"]:
+            raise TransportError("down")
+        return Reply(200, {}, b"ok")
+
+    up = Uplink(
+        [Gated(flaky, "ep0"), Gated(ok, "ep1")],
+        UplinkConfig(breaker_failures=1, breaker_reset_s=5.0, max_connections=1),
+        clock=world.clock,
+        sleep=world.sleep,
+        rng=random.Random(7),
+    )
+    assert (await up.post("/p", b"x")).endpoint == "ep1"  # ep0 failed once: open
+    world.t += 5.0
+    alive["ep0"] = True
+    gate["trial"] = asyncio.get_running_loop().create_future()
+    trial = asyncio.ensure_future(up.post("/p", b"x"))
+    await asyncio.sleep(0)  # the trial is out on ep0
+    assert up.states()["ep0"] == "half-open"
+    assert (await up.post("/p", b"y")).endpoint == "ep1"  # one trial per connection
+    gate["trial"].set_result(None)
+    assert (await trial).endpoint == "ep0"
+    assert up.states()["ep0"] == "closed"
+
+
+async def test_a_trial_without_a_verdict_is_given_back() -> None:
+    world = World()
+    replies = iter([TransportError("down"), Reply(429, {}, b"{}"), Reply(200, {}, b"ok")])
+
+    def handler(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
+        r = next(replies)
+        if isinstance(r, TransportError):
+            raise r
+        return r
+
+    up, _ = uplink(world, handler, breaker_failures=1, breaker_reset_s=5.0, max_attempts=1)
+    with pytest.raises(CloudUnavailable):
+        await up.post("/p", b"x")  # opens the breaker
+    world.t += 5.0
+    with pytest.raises(CloudUnavailable, match="429"):
+        await up.post("/p", b"x")  # the trial is told to back off: no verdict
+    assert up.states()["ep0"] == "half-open"
+    assert (await up.post("/p", b"x")).endpoint == "ep0"  # the next one may try at once
+    assert up.states()["ep0"] == "closed"

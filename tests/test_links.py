@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import Link, MahimahiTrace, parse_duration, parse_rate
+from splitinfer.sim import traces
 
 pytestmark = pytest.mark.unit
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = traces.DIR
 
 
 @pytest.mark.parametrize(
@@ -90,8 +91,7 @@ def readme_means() -> dict[str, float]:
     return {name: float(mbit) * 1e6 for name, mbit in rows}
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces are not present")
-def test_every_shared_trace_loads_with_the_readme_mean_capacity() -> None:
+def test_every_bundled_trace_loads_with_the_readme_mean_capacity() -> None:
     means = readme_means()
     files = sorted(p for p in TRACES.iterdir() if p.suffix in {".up", ".down"})
     assert files
@@ -223,7 +223,6 @@ def test_distribution_of_two_rates_by_hand() -> None:
     assert link.transfer_time(10_000, 1_000) == pytest.approx(10_000 * 8 / 6e6 + 0.051)
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces are not present")
 def test_trace_link_agrees_with_packet_replay() -> None:
     trace = MahimahiTrace.load(TRACES / "ATT-LTE-driving-2016.up")
     link = Link.from_trace(trace, rtt_s="0ms", downlink_bps="20mbit")

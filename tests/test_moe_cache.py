@@ -239,7 +239,31 @@ def test_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="must be positive"):
         CacheConfig(0)
     assert json.loads(json.dumps(SPEC.to_dict()))["routing"] == "switch"
-    assert isinstance(MoEMetrics().registry.collect(), object)
+
+
+def test_the_prometheus_series_count_what_the_tallies_count(store: ExpertStore) -> None:
+    metrics = MoEMetrics()
+    cache = cache_of(store, 2, metrics=metrics)
+    use(cache, 0, [1])  # miss
+    use(cache, 0, [1])  # hit
+    use(cache, 0, [2, 3])  # two misses, evicts 1
+    use(cache, 1, [0])  # a miss in layer 1
+
+    def series(name: str, **labels: str) -> float:
+        value = metrics.registry.get_sample_value(name, labels)
+        assert value is not None, (name, labels)
+        return value
+
+    assert series("splitinfer_moe_expert_requests_total", layer="0", result="miss") == 3
+    assert series("splitinfer_moe_expert_requests_total", layer="0", result="hit") == 1
+    assert series("splitinfer_moe_expert_requests_total", layer="1", result="miss") == 1
+    for layer in (0, 1):
+        for result in ("miss", "hit"):
+            got = metrics.registry.get_sample_value(
+                "splitinfer_moe_expert_requests_total", {"layer": str(layer), "result": result}
+            )
+            assert (got or 0.0) == metrics.total(result, layer), (layer, result)
+    assert series("splitinfer_moe_paged_bytes_total", layer="0") == 3 * EXPERT_BYTES
 
 
 def test_evicted_buffers_are_reused_and_hold_the_new_expert(store: ExpertStore) -> None:

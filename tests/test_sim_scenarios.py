@@ -24,6 +24,7 @@ from onnx import helper
 
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.manifest import load_manifest
+from splitinfer.sim import traces
 from splitinfer.sim.config import Change, Direction, LinkConfig
 from splitinfer.sim.runner import CloudService, StrategyRun, run_strategy
 from splitinfer.sim.scenario import EdgeSpec, Scenario, WorkloadSpec, load_scenario
@@ -31,8 +32,7 @@ from splitinfer.sim.strategies import build, device_profile
 
 pytestmark = pytest.mark.sim
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-SLOWEST_UP = TRACES / "Verizon-EVDO-driving.up"  # 0.84 Mbit/s mean, the slowest uplink
+SLOWEST_UP = traces.path("Verizon-EVDO-driving.up")  # 0.84 Mbit/s mean, the slowest uplink
 
 
 def camera_cnn() -> onnx.ModelProto:
@@ -106,13 +106,11 @@ def all_answered(run: StrategyRun) -> None:
 
 @pytest.mark.slow
 async def test_auto_beats_cloud_only_on_the_slowest_uplink(cam: Path, tmp_path: Path) -> None:
-    # the trace where a checkout has ../shared/traces; else a fixed link at its mean rate
-    up = (
-        Direction.from_trace(SLOWEST_UP, "2s")
-        if SLOWEST_UP.is_file()
-        else Direction.rate("0.84mbit")
+    link = LinkConfig(
+        uplink=Direction.from_trace(SLOWEST_UP, "2s"),
+        downlink=Direction.rate("5mbit"),
+        delay_ms=40,
     )
-    link = LinkConfig(uplink=up, downlink=Direction.rate("5mbit"), delay_ms=40)
     runs = await run_all(scenario(cam, link, ("cloud-only", "auto")), tmp_path)
     for run in runs.values():
         all_answered(run)
@@ -288,19 +286,31 @@ def test_scenario_reads_a_full_file(tmp_path: Path, cam: Path) -> None:
     assert sc.cloud.max_batch_size == 8
 
 
-def test_the_example_scenarios_load() -> None:
+def test_the_example_scenarios_load(tmp_path: Path, cam: Path) -> None:
+    # the scenarios name a model the user builds beside them: give them one there
     folder = Path(__file__).resolve().parents[1] / "sim" / "scenarios"
     files = sorted(folder.glob("*.toml"))
+    assert [f.name for f in files] == ["att-lte.toml", "outage.toml"]
+    loaded = {}
     for f in files:
-        try:
+        with pytest.raises(ConfigError, match=r"model .*digits\.onnx' does not exist"):
             load_scenario(f)
-        except ConfigError as exc:
-            if "does not exist" not in str(exc):  # models are built by the user
-                raise
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+        (tmp_path / "digits.onnx").write_bytes(cam.read_bytes())
+        loaded[f.stem] = load_scenario(tmp_path / f.name)
+    att = loaded["att-lte"]
+    assert att.model == tmp_path / "digits.onnx"
+    assert att.link.uplink.trace is not None  # the bundled ATT uplink, by name
+    assert att.link.uplink.mean_bps == pytest.approx(1.91e6, rel=0.01)
+    assert att.link.uplink.trace_offset_s == 30.0
+    assert att.strategies == ("edge-only", "cloud-only", "cuts", "auto", "adaptive")
+    outage = loaded["outage"]
+    assert outage.endpoints == 2
+    assert outage.link.outages == ((5.0, 5.0),)
 
 
 def _runs() -> list[StrategyRun]:
-    from splitinfer.sim.runner import RequestRecord
+    from splitinfer.sim.workload import RequestRecord
 
     def rec(i: int, cut: str, ms: float, error: str = "") -> RequestRecord:
         timings = {"edge": ms / 2e3, "uplink": ms / 2e3}
@@ -421,17 +431,18 @@ def test_the_agent_timing_header_is_read_back() -> None:
 def test_cloud_only_uploads_pictures_as_png_and_other_inputs_as_they_are(
     tmp_path: Path,
 ) -> None:
-    import onnx
-    from graphs import f32, make
-    from onnx import helper
-
-    from splitinfer.sim.strategies import client_codec
+    from splitinfer.sim.strategies import input_codec, prepare, write_strategy
 
     def model(shape: list[int | str]) -> Path:
         path = tmp_path / f"m{len(shape)}.onnx"
-        node = helper.make_node("Identity", ["x"], ["y"])
+        node = helper.make_node("Relu", ["x"], ["y"])
         onnx.save(make([node], [f32("x", shape)], [f32("y", shape)], {}), str(path))
         return path
 
-    assert client_codec(model(["N", 3, 32, 32])) == ["--input-codec", "png"]
-    assert client_codec(model(["N", 16])) == []
+    picture = prepare(model(["N", 3, 32, 32]))
+    assert input_codec(picture) == "png"
+    assert input_codec(prepare(model(["N", 16]))) is None
+    write_strategy(picture, "cloud-only", tmp_path / "pkg")
+    cut = load_manifest(tmp_path / "pkg").cut
+    assert cut.kind == "none"
+    assert cut.codec.name == "png"

@@ -16,14 +16,14 @@ import pytest
 
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import MahimahiTrace
+from splitinfer.sim import traces
 from splitinfer.sim.config import Change, Direction, LinkConfig, parse_outage
 from splitinfer.sim.link import DirectionStats
 from splitinfer.sim.shaper import Shaper, TraceCapacity
 
 pytestmark = pytest.mark.unit
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces are not present")
+TRACES = traces.DIR
 
 
 def rate(text: str) -> Direction:
@@ -122,7 +122,6 @@ def _backlogged_run(shaper: Shaper, seconds: float, step: float = 0.005) -> list
     return out
 
 
-@needs_traces
 @pytest.mark.parametrize(("name", "offset_s"), [("ATT-LTE-driving-2016.up", 37.5)])
 def test_trace_delivers_its_capacity_over_10s_windows(name: str, offset_s: float) -> None:
     path = TRACES / name
@@ -300,8 +299,7 @@ def test_time_must_not_go_backwards() -> None:
 # -- config -------------------------------------------------------------------------------
 
 
-@needs_traces
-def test_link_config_from_toml() -> None:
+def test_link_config_from_toml(tmp_path: Path) -> None:
     table = tomllib.loads(
         """
         [link]
@@ -316,7 +314,7 @@ def test_link_config_from_toml() -> None:
         changes = [{ at = "20s", uplink = "500kbit" }]
         """
     )
-    config = LinkConfig.from_dict(table["link"], base=TRACES)
+    config = LinkConfig.from_dict(table["link"], base=tmp_path)  # a bundled trace, by name
     assert config.uplink.trace is not None
     assert config.uplink.trace.packets > 1000
     assert config.uplink.trace_offset_s == 30.0
@@ -348,6 +346,21 @@ def test_direction_parse_reads_a_trace_file(tmp_path: Path) -> None:
     direction = Direction.parse("t.up", base=tmp_path)
     assert direction.trace is not None
     assert direction.mean_bps == pytest.approx(4 * 1500 * 8 / 0.004)
+
+
+def test_a_bare_trace_name_is_the_bundled_trace_unless_a_file_is_there(tmp_path: Path) -> None:
+    name = "ATT-LTE-driving-2016.up"
+    bundled = Direction.parse(name, base=tmp_path)
+    assert bundled.trace is not None
+    assert bundled.mean_bps == pytest.approx(1.91e6, rel=0.01)  # its README row
+    assert traces.path(name).parent == traces.DIR
+    assert name in traces.names()
+    (tmp_path / name).write_text("1\n")  # a file beside the scenario wins
+    assert Direction.parse(name, base=tmp_path).mean_bps == pytest.approx(12e6)
+    with pytest.raises(ConfigError, match=r"no bundled trace 'nope\.up'"):
+        traces.path("nope.up")
+    with pytest.raises(ConfigError, match="neither a rate nor a trace file"):
+        Direction.parse("nope.up", base=tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,177 @@
+"""The walls between rooms: which room's code may import which (docs/architecture.md,
+"Imports between rooms").
+
+A small ast check rather than import-linter: no dependency, the exceptions sit by
+name next to the rule, and it reads the files without importing the package (the
+repository root is the package, which import-linter would need installed). Every
+import statement counts, those inside functions (lazy imports) too, and so does
+``importlib.import_module("splitinfer....")`` with a literal name.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "architecture.md"
+
+#: room -> the other rooms its code may import
+ALLOWED: dict[str, frozenset[str]] = {
+    "shared": frozenset(),
+    "partitioner": frozenset({"shared"}),
+    "edge": frozenset({"shared"}),
+    "cloud": frozenset({"shared"}),
+    "sim": frozenset({"shared", "edge", "cloud", "partitioner"}),
+    "models": frozenset({"shared", "partitioner"}),
+}
+
+#: (file, room it imports) -> why the wall has a door there today. Each is a debt with
+#: a named way out; test_every_exception_is_still_needed drops one once it is paid.
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("edge/profile.py", "partitioner"): (
+        "`edge-agent profile` measures with the partitioner's profiler so the profile has "
+        "the format --edge-profile reads; goes when device profiles move to shared/"
+    ),
+    ("edge/emulate.py", "partitioner"): (
+        "an emulated device is the partitioner's profile of it; goes with the same move"
+    ),
+    ("cloud/moe/export.py", "partitioner"): (
+        "the MoE package exporter uses the torch->ONNX export helper; the exporter "
+        "belongs to the partitioner"
+    ),
+    ("cloud/moe/export.py", "models"): (
+        "the MoE exporter reads the model zoo's MoE weights; goes with the exporter's move"
+    ),
+}
+
+
+def imported_rooms(source: str, path: str = "<src>") -> list[tuple[int, str]]:
+    """(line, room) for every ``splitinfer.<room>`` this module imports, anywhere in it.
+
+    ``path`` (relative to the repository root) resolves relative imports.
+    """
+    package = ["splitinfer", *Path(path).parent.parts]
+    found: list[tuple[int, str]] = []
+
+    def note(line: int, dotted: str, names: list[str] | None = None) -> None:
+        parts = dotted.split(".")
+        if parts[0] != "splitinfer":
+            return
+        if len(parts) > 1:
+            found.append((line, parts[1]))
+        else:  # from splitinfer import edge, cloud
+            found.extend((line, n) for n in names or [] if n in ALLOWED)
+
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                note(node.lineno, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                dotted = ".".join(base + ([node.module] if node.module else []))
+            else:
+                dotted = node.module or ""
+            note(node.lineno, dotted, [a.name for a in node.names])
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Attribute, ast.Name))
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            note(node.lineno, node.args[0].value)
+    return found
+
+
+@functools.cache
+def crossings() -> dict[tuple[str, str], list[int]]:
+    """(file, room) -> lines, for every import of another room in the rooms' code."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for room in ALLOWED:
+        for file in sorted((ROOT / room).rglob("*.py")):
+            rel = file.relative_to(ROOT).as_posix()
+            for line, other in imported_rooms(file.read_text(encoding="utf-8"), rel):
+                if other != room:
+                    out.setdefault((rel, other), []).append(line)
+    return out
+
+
+def test_every_import_stays_inside_the_walls() -> None:
+    bad = [
+        f"{file}:{lines[0]} imports splitinfer.{other} ({file.split('/')[0]} may import "
+        f"{', '.join(sorted(ALLOWED[file.split('/')[0]])) or 'nothing of ours'})"
+        for (file, other), lines in sorted(crossings().items())
+        if other not in ALLOWED.get(file.split("/")[0], frozenset())
+        and (file, other) not in EXCEPTIONS
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_edge_and_cloud_never_import_each_other() -> None:
+    # no exception may open this wall
+    assert not [k for k in EXCEPTIONS if {k[0].split("/")[0], k[1]} == {"edge", "cloud"}]
+    assert not [k for k in crossings() if {k[0].split("/")[0], k[1]} == {"edge", "cloud"}]
+
+
+def test_every_exception_is_still_needed() -> None:
+    stale = sorted(set(EXCEPTIONS) - set(crossings()))
+    assert not stale, f"these imports are gone: drop their exceptions (and the doc rows): {stale}"
+
+
+def test_every_room_is_on_the_map() -> None:
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
+    assert packages == set(ALLOWED), "a new room needs its line in ALLOWED and in the doc"
+
+
+def test_the_checker_sees_lazy_relative_and_dynamic_imports() -> None:
+    source = """
+import numpy
+import splitinfer.shared.errors
+from splitinfer import edge, __version__
+from . import costs
+from ..cloud import engine
+
+def later():
+    from splitinfer.partitioner.profiles import builtin
+    importlib.import_module("splitinfer.sim.link")
+"""
+    # ..cloud from edge/sub/ is splitinfer.edge.cloud; ...cloud is splitinfer.cloud
+    assert sorted(imported_rooms(source, "edge/sub/x.py")) == [
+        (3, "shared"),
+        (4, "edge"),
+        (5, "edge"),
+        (6, "edge"),
+        (9, "partitioner"),
+        (10, "sim"),
+    ]
+    assert imported_rooms("from ...cloud import engine", "edge/sub/x.py") == [(1, "cloud")]
+
+
+def _doc_table() -> dict[str, set[str]]:
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("## Imports between rooms", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, set[str]] = {}
+    for room, may in re.findall(r"^\| `(\w+)/` \| ([^|]*) \|", section, re.M):
+        table[room] = set(re.findall(r"`(\w+)`", may)) - {"nothing"}
+    return table
+
+
+def _doc_exceptions() -> set[tuple[str, str]]:
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("## Imports between rooms", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^- `(\w+/[\w/]+\.py)` imports `(\w+)`", section, re.M))
+
+
+def test_the_architecture_doc_draws_the_same_walls() -> None:
+    assert _doc_table() == {room: set(may) for room, may in ALLOWED.items()}
+    assert _doc_exceptions() == set(EXCEPTIONS)
