@@ -9,7 +9,7 @@
    (``--adapt-cloud``, issue 19).
 3. Starts a real ``cloud-service`` and one real ``edge-agent`` per strategy on
    loopback, every agent behind an emulated cellular uplink (a Mahimahi trace
-   from ``../shared/traces`` when present, else a fixed rate), all signed with
+   bundled in ``sim/traces/``), all signed with
    a fresh device credential.
 4. Sends the held-out digits through each agent and prints one table:
    accuracy against the labels and agreement with the fp32 model, p50/p99
@@ -40,10 +40,7 @@ import numpy as np
 from splitinfer.shared.cli import run_cli
 from splitinfer.shared.errors import ConfigError
 
-#: Where the shared cellular traces live next to a checkout of this repository.
-TRACES = Path(__file__).resolve().parent.parent / "shared" / "traces"
 DEFAULT_TRACE = "Verizon-LTE-short.up"
-FALLBACK_UPLINK = "5.95mbit"  # that trace's mean capacity, when the file is not there
 #: --adapt-seconds of the private run: the fine-tune that keeps its answers usable.
 ADAPT_SECONDS = 20
 START_TIMEOUT_S = 60.0
@@ -151,7 +148,7 @@ def _partition(argv: list[str]) -> None:
 
 
 def build(
-    out: Path, trace: Path | None, epsilon: float
+    out: Path, trace: Path, epsilon: float
 ) -> tuple[list[Strategy], dict[str, np.ndarray]]:
     from splitinfer.models.digits import export_digits, load_digits_split, train_digits_cnn
 
@@ -163,7 +160,7 @@ def build(
     calib.mkdir(exist_ok=True)
     np.save(calib / "train.npy", x_train[:256])
     _say(f"trained and exported the digits CNN in {time.perf_counter() - t0:.1f} s -> {model}")
-    link = ["--trace", str(trace)] if trace else ["--uplink", FALLBACK_UPLINK]
+    link = ["--trace", str(trace)]
     common = [str(model), "--calibration", str(calib), *link, "--rtt", "40ms"]
     pk = out / "packages"
     t0 = time.perf_counter()
@@ -282,7 +279,7 @@ async def _run_all(
     cloud_url: str,
     daemons: Daemons,
     args: argparse.Namespace,
-    trace: Path | None,
+    trace: Path,
     credentials: Path,
 ) -> None:
     from splitinfer.sim.config import Direction, LinkConfig
@@ -294,7 +291,7 @@ async def _run_all(
         if s.force_cut is None and s.name.startswith("split at"):
             _say(f"{s.name}: the package has no split candidate; skipped")
             continue
-        up = Direction.from_trace(trace) if trace else Direction.rate(FALLBACK_UPLINK)
+        up = Direction.from_trace(trace)
         config = LinkConfig(uplink=up, downlink=Direction.rate("20mbit"), delay_ms=20.0)
         async with EmulatedLink(config, target=(host, int(port))) as link:
             argv = [_bin("edge-agent"), "--package", str(s.package), "--listen", "127.0.0.1:0",
@@ -359,13 +356,11 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.samples < 1 or args.streams < 1:
         raise ConfigError("--samples and --streams must be at least 1")
-    trace = args.trace
-    if trace is None and (TRACES / DEFAULT_TRACE).is_file():
-        trace = TRACES / DEFAULT_TRACE
-    if trace is not None and not trace.is_file():
+    from splitinfer.sim import traces
+
+    trace: Path = args.trace if args.trace is not None else traces.path(DEFAULT_TRACE)
+    if not trace.is_file():
         raise ConfigError(f"--trace {trace}: no such file")
-    if trace is None:
-        _say(f"no {TRACES / DEFAULT_TRACE}: emulating a fixed {FALLBACK_UPLINK} uplink instead")
     start = time.perf_counter()
     if args.out.exists():
         shutil.rmtree(args.out)
@@ -388,7 +383,7 @@ def _main(argv: Sequence[str] | None) -> int:
         _say(f"cloud-service up at {cloud}")
         asyncio.run(_run_all(strategies, data, cloud, daemons, args, trace, credentials))
     n = min(args.samples, len(data["x"]))
-    link = f"{trace.name} (Mahimahi)" if trace else f"fixed {FALLBACK_UPLINK}"
+    link = f"{trace.name} (Mahimahi)"
     print(
         f"\n{n} held-out digits through each edge agent; uplink {link}, 20 Mbit/s down, "
         f"40 ms RTT, {args.streams} concurrent requests\n"

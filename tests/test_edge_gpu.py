@@ -40,6 +40,8 @@ from splitinfer.partitioner.pipeline import artifacts_for, prepare, write_packag
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.manifest import Segment
 
+pytestmark = pytest.mark.unit
+
 AVAILABLE = ort.get_available_providers()
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,6 +193,7 @@ def test_main_without_a_gpu_says_so_and_exits_0(
     assert "gpu_check: error: unknown model 'vgg'" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # starts the script as a process
 @pytest.mark.skipif(TENSORRT in AVAILABLE, reason="this machine can run the check for real")
 def test_gpu_check_on_this_machine_exits_0_with_the_reason() -> None:
     env = {"PYTHONPATH": str(Path(__import__("splitinfer").__file__).parent.parent)}

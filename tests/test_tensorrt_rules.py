@@ -27,6 +27,8 @@ from splitinfer.partitioner.pipeline import artifacts_for, prepare
 from splitinfer.partitioner.quantize import config_for, count_qdq, quantize_model
 from splitinfer.partitioner.trt_rules import RULES, check_tensorrt_qdq, weight_axis
 
+pytestmark = pytest.mark.unit
+
 Feed = dict[str, np.ndarray]
 
 
