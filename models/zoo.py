@@ -129,6 +129,8 @@ def export(model: ZooModel, path: Path, seed: int = 0) -> Path:
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
+                assert m.running_mean is not None
+                assert m.running_var is not None
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 1.5)
     example = tuple(torch.from_numpy(v) for v in model.sample(2).values())

@@ -25,10 +25,10 @@ def encoder(
     mask-weighted mean of the last hidden state."""
     import torch
 
-    nn = torch.nn
+    nn: Any = torch.nn
     head_dim = hidden // heads
 
-    class Attention(nn.Module):
+    class Attention(nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.q = nn.Linear(hidden, hidden)
@@ -47,7 +47,7 @@ def encoder(
             y = att.softmax(-1) @ v
             return self.out(y.transpose(1, 2).reshape(b, s, hidden))
 
-    class Layer(nn.Module):
+    class Layer(nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.att = Attention()
@@ -59,7 +59,7 @@ def encoder(
             x = self.n1(x + self.att(x, bias))
             return self.n2(x + self.ff(x))
 
-    class Encoder(nn.Module):
+    class Encoder(nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.tok = nn.Embedding(vocab, hidden)

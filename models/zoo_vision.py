@@ -20,7 +20,7 @@ def _nn() -> Any:
 
 def _cbr(c_in: int, c_out: int, k: int = 3, s: int = 1, act: str = "relu", groups: int = 1) -> Any:
     """Conv (no bias) + BatchNorm + activation; ``act`` '' for none."""
-    nn = _nn()
+    nn: Any = _nn()
     acts = {"relu": nn.ReLU, "hswish": nn.Hardswish, "silu": nn.SiLU}
     layers = [
         nn.Conv2d(c_in, c_out, k, s, k // 2, groups=groups, bias=False),
@@ -32,9 +32,9 @@ def _cbr(c_in: int, c_out: int, k: int = 3, s: int = 1, act: str = "relu", group
 
 
 def resnet50(classes: int = 1000) -> Any:
-    nn = _nn()
+    nn: Any = _nn()
 
-    class Bottleneck(nn.Module):
+    class Bottleneck(nn.Module):  # type: ignore[misc]
         def __init__(self, c_in: int, width: int, stride: int) -> None:
             super().__init__()
             c_out = width * 4
@@ -68,9 +68,9 @@ def _divisible(v: float, d: int = 8) -> int:
 
 
 def _se(c: int, squeeze: int, gate: str) -> Any:
-    nn = _nn()
+    nn: Any = _nn()
 
-    class SqueezeExcite(nn.Module):
+    class SqueezeExcite(nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.f1 = nn.Conv2d(c, squeeze, 1)
@@ -87,9 +87,9 @@ def _se(c: int, squeeze: int, gate: str) -> Any:
 
 def _mbconv(c_in: int, exp: int, c_out: int, k: int, s: int, se: int, act: str, gate: str) -> Any:
     """Inverted residual: expand 1x1, depthwise kxk, squeeze-excite, project 1x1."""
-    nn = _nn()
+    nn: Any = _nn()
 
-    class MBConv(nn.Module):
+    class MBConv(nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             layers: list[Any] = []
@@ -130,7 +130,7 @@ _MNV3_LARGE = (
 
 
 def mobilenet_v3_large(classes: int = 1000) -> Any:
-    nn = _nn()
+    nn: Any = _nn()
     layers: list[Any] = [_cbr(3, 16, 3, 2, act="hswish")]
     c = 16
     for k, exp, out, se, act, s in _MNV3_LARGE:
@@ -161,7 +161,7 @@ _EFFNET_B0 = (
 
 
 def efficientnet_b0(classes: int = 1000) -> Any:
-    nn = _nn()
+    nn: Any = _nn()
     layers: list[Any] = [_cbr(3, 32, 3, 2, act="silu")]
     c = 32
     for e, k, s, out, n in _EFFNET_B0:
@@ -197,9 +197,9 @@ def inception_net(classes: int = 1000) -> Any:
     """GoogLeNet-style: stem, nine four-branch modules with max-pools between, head."""
     import torch
 
-    nn = torch.nn
+    nn: Any = torch.nn
 
-    class Module(nn.Module):
+    class Module(nn.Module):  # type: ignore[misc]
         def __init__(self, c_in: int, cfg: tuple[int, ...]) -> None:
             super().__init__()
             b1, r3, b3, r5, b5, pp = cfg
@@ -234,9 +234,9 @@ def yolo_pan(classes: int = 80, anchors: int = 3) -> Any:
     """A YOLOv5s-sized detector: CSP backbone, SPPF, PAN neck, heads at strides 8/16/32."""
     import torch
 
-    nn = torch.nn
+    nn: Any = torch.nn
 
-    class Bottleneck(nn.Module):
+    class Bottleneck(nn.Module):  # type: ignore[misc]
         def __init__(self, c: int, shortcut: bool) -> None:
             super().__init__()
             self.body = nn.Sequential(_cbr(c, c, 1, act="silu"), _cbr(c, c, 3, act="silu"))
@@ -245,7 +245,7 @@ def yolo_pan(classes: int = 80, anchors: int = 3) -> Any:
         def forward(self, x: Any) -> Any:
             return x + self.body(x) if self.shortcut else self.body(x)
 
-    class C3(nn.Module):
+    class C3(nn.Module):  # type: ignore[misc]
         def __init__(self, c_in: int, c_out: int, n: int, shortcut: bool = True) -> None:
             super().__init__()
             h = c_out // 2
@@ -257,7 +257,7 @@ def yolo_pan(classes: int = 80, anchors: int = 3) -> Any:
         def forward(self, x: Any) -> Any:
             return self.out(torch.cat([self.m(self.a(x)), self.b(x)], 1))
 
-    class SPPF(nn.Module):
+    class SPPF(nn.Module):  # type: ignore[misc]
         def __init__(self, c: int) -> None:
             super().__init__()
             self.a = _cbr(c, c // 2, 1, act="silu")
@@ -270,7 +270,7 @@ def yolo_pan(classes: int = 80, anchors: int = 3) -> Any:
             y2 = self.pool(y1)
             return self.out(torch.cat([x, y1, y2, self.pool(y2)], 1))
 
-    class Detector(nn.Module):
+    class Detector(nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             cbr = _cbr
@@ -310,12 +310,12 @@ def unet(depth: int = 5, base: int = 64, classes: int = 2) -> Any:
     """Ronneberger et al.'s U-Net: ``depth`` levels (4 poolings at 5), padded 3x3 convs."""
     import torch
 
-    nn = torch.nn
+    nn: Any = torch.nn
 
     def double(c_in: int, c_out: int) -> Any:
         return nn.Sequential(_cbr(c_in, c_out, 3), _cbr(c_out, c_out, 3))
 
-    class UNet(nn.Module):
+    class UNet(nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             widths = [base * 2**i for i in range(depth)]
