@@ -201,14 +201,14 @@ def _real() -> dict[str, ZooModel]:
             about="U-Net of depth 5 (base 64), free H and W (multiples of 16)",
         ),
         ZooModel(
-            "bert_base", t.bert_base, text, ("last_hidden_state", "pooled"), {"seq": 128},
-            free={"seq": 1}, test_dims={"seq": (128, 9)},
-            about="BERT-base encoder (12 x 768, 12 heads, ffn 3072), free batch and sequence",
-        ),
-        ZooModel(
             "minilm", t.sentence_encoder, text, ("sentence_embedding",), {"seq": 128},
             free={"seq": 1}, test_dims={"seq": (128, 9)},
             about="6 x 384 sentence encoder (~22M parameters), free batch and sequence",
+        ),
+        ZooModel(
+            "bert_base", t.bert_base, text, ("last_hidden_state", "pooled"), {"seq": 128},
+            free={"seq": 1}, test_dims={"seq": (128, 9)},
+            about="BERT-base encoder (12 x 768, 12 heads, ffn 3072), free batch and sequence",
         ),
     ]  # fmt: skip
     return {m.name: m for m in models}
