@@ -435,11 +435,11 @@ def measure_nodes(
     times: dict[int, dict[str, float]] = {}
     unattributed: dict[int, float] = {}
     bookkeeping: dict[int, float] = {}
-    first = 0
+    offset = 0
     for b in batches:
-        last = first + warmup + 2 * made[b]
-        measured = per_run[first + warmup + 1 : last : 2]
-        first = last
+        end = offset + warmup + 2 * made[b]
+        measured = per_run[offset + warmup + 1 : end : 2]
+        offset = end
         samples = _samples(measured)
         bookkeeping[b] = _bookkeeping_s(samples, walls[b], costs) if calibrate else 0.0
         times[b], unattributed[b] = _attribute(_medians(samples, bookkeeping[b]), attributor)
