@@ -28,8 +28,8 @@ ROOT = HERE.parent
 
 #: name -> (script, arguments for a full run, arguments for --quick, what it measures)
 BENCHES: dict[str, tuple[str, list[str], list[str], str]] = {
-    "partition": ("bench_partition.py", [], ["--repeats", "3"],
-                  "cut enumeration and planning speed; optimization passes"),
+    "partition": ("bench_partition.py", [], ["--quick"],
+                  "partition time and peak RSS on the real-scale zoo vs ONNX Runtime"),
     "codecs": ("bench_codecs.py", [], ["--repeats", "3"],
                "wire codecs on real cut activations: ratio, throughput, agreement"),
     "int8": ("bench_int8.py", [], ["--quick"], "INT8 QDQ edge segments vs fp32; digits agreement"),

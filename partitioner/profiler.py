@@ -54,6 +54,12 @@ __all__ = ["NodeProfile", "executor_costs", "host_device_name", "measure_nodes"]
 Feeds = dict[str, np.ndarray]
 
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+#: Seconds of measured runs per batch size after which :func:`measure_nodes` stops
+#: early (after at least :data:`MIN_RUNS`): on a real-size model one run is long
+#: and steady enough that three give a stable median, and seven at batch 8 would
+#: take most of ``--split auto``'s time (BERT-sized: 4 runs a measurement, ~0.5 s each).
+RUN_BUDGET_S = 3.0
+MIN_RUNS = 3
 _KERNEL_SUFFIX = "_kernel_time"
 _QUANT_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul"})
 _RUNTIMES = {
@@ -358,6 +364,7 @@ def measure_nodes(
     source_sha256: str | None = None,
     optimization: str = "all",
     calibrate: bool = True,
+    run_budget_s: float | None = RUN_BUDGET_S,
 ) -> NodeProfile:
     """Median seconds per node of ``model`` (the optimized graph) per batch size.
 
@@ -366,7 +373,10 @@ def measure_nodes(
     without it the model is analysed here at the first batch's shapes.
     ``optimization`` is the ONNX Runtime level the session runs at (one of
     :data:`OPTIMIZATION_LEVELS`). ``calibrate=False`` keeps the profiler's own
-    per-kernel bookkeeping in the node times.
+    per-kernel bookkeeping in the node times. At each batch size the measured
+    runs stop once they have taken ``run_budget_s`` (never fewer than
+    :data:`MIN_RUNS`, never more than ``runs``); ``meta["runs_by_batch"]`` says
+    how many were made. ``run_budget_s=None`` always makes ``runs``.
     """
     batches = _check_args(batch_sizes, runs, warmup)
     if optimization not in OPTIMIZATION_LEVELS:
@@ -394,33 +404,42 @@ def measure_nodes(
         names = [i.name for i in profiled.get_inputs()]
         feeds = {b: _feeds(feeds_for_batch, b, names) for b in batches}
         walls: dict[int, list[float]] = {}
+        made: dict[int, int] = {}
         for b in batches:
             for _ in range(warmup):
                 _run(profiled, feeds[b])
                 _run(plain, feeds[b])
             walls[b] = []
-            for _ in range(runs):  # each measured run right after one of the same session
+            start = time.perf_counter()
+            for i in range(runs):  # each measured run right after one of the same session
                 _run(profiled, feeds[b])
                 _run(profiled, feeds[b])
                 walls[b] += _walls(plain, feeds[b], 1, 1)
+                spent = time.perf_counter() - start
+                if run_budget_s is not None and i + 1 >= MIN_RUNS and spent > run_budget_s:
+                    break
+            made[b] = len(walls[b])
         events = json.loads(Path(profiled.end_profiling()).read_text())
         provider = profiled.get_providers()[0]
         del profiled, plain
 
     costs = executor_costs(intra_op_threads) if calibrate else ExecutorCosts(0.0, 0.0, 0.0)
     per_run = _split_runs(events)
-    per_batch = warmup + 2 * runs
-    if len(per_run) != len(batches) * per_batch:
+    expected = sum(warmup + 2 * made[b] for b in batches)
+    if len(per_run) != expected:
         raise ModelError(
-            f"the ONNX Runtime trace holds {len(per_run)} runs, {len(batches) * per_batch} "
+            f"the ONNX Runtime trace holds {len(per_run)} runs, {expected} "
             "expected; cannot tell the batch sizes apart"
         )
     attributor = Attributor(analysis, all_flops(analysis), runtime_nodes)
     times: dict[int, dict[str, float]] = {}
     unattributed: dict[int, float] = {}
     bookkeeping: dict[int, float] = {}
-    for k, b in enumerate(batches):
-        measured = per_run[k * per_batch + warmup + 1 : (k + 1) * per_batch : 2]
+    offset = 0
+    for b in batches:
+        end = offset + warmup + 2 * made[b]
+        measured = per_run[offset + warmup + 1 : end : 2]
+        offset = end
         samples = _samples(measured)
         bookkeeping[b] = _bookkeeping_s(samples, walls[b], costs) if calibrate else 0.0
         times[b], unattributed[b] = _attribute(_medians(samples, bookkeeping[b]), attributor)
@@ -445,6 +464,7 @@ def measure_nodes(
             "onnxruntime": _ort().__version__,
             "optimization": optimization,
             "runs": runs,
+            "runs_by_batch": ", ".join(f"{b}: {made[b]}" for b in batches),
             "warmup": warmup,
             "intra_op_threads": intra_op_threads,
             "fixed_cost_us": round(costs.fixed_s * 1e6, 3),

@@ -8,13 +8,32 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from kinds import _unit_tests_stay_in, pytest_collection_modifyitems  # noqa: F401
-from zoo import ZOO, export
+from zoo import REAL, ZOO, export
 
 
 @pytest.fixture(scope="session")
 def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every zoo model exported to ONNX once per test run."""
+    """Every small zoo model exported to ONNX once per test run."""
     out = tmp_path_factory.mktemp("zoo")
     for name, model in ZOO.items():
         export(model, out / f"{name}.onnx")
     return out
+
+
+class RealZoo:
+    """The real-scale zoo, each model exported on first use and kept for the session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._paths: dict[str, Path] = {}
+
+    def path(self, name: str) -> Path:
+        if name not in self._paths:
+            self._paths[name] = export(REAL[name], self.root / name / f"{name}.onnx")
+        return self._paths[name]
+
+
+@pytest.fixture(scope="session")
+def real_zoo(tmp_path_factory: pytest.TempPathFactory) -> RealZoo:
+    """Exports of the real-scale zoo (``models/zoo.py``), once per session, lazily."""
+    return RealZoo(tmp_path_factory.mktemp("real-zoo"))
