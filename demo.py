@@ -147,9 +147,7 @@ def _partition(argv: list[str]) -> None:
         raise ConfigError(f"partition {' '.join(argv)} failed (exit {code})")
 
 
-def build(
-    out: Path, trace: Path, epsilon: float
-) -> tuple[list[Strategy], dict[str, np.ndarray]]:
+def build(out: Path, trace: Path, epsilon: float) -> tuple[list[Strategy], dict[str, np.ndarray]]:
     from splitinfer.models.digits import export_digits, load_digits_split, train_digits_cnn
 
     t0 = time.perf_counter()
