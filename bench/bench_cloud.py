@@ -78,6 +78,8 @@ from typing import Any
 
 import numpy as np
 
+from splitinfer.shared.frame import FRAME_TYPE
+
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
@@ -86,7 +88,6 @@ MAX_BATCH = 32
 DELAY_MS = 2.0
 TARGET_CEILING = 0.80
 TARGET_OVERHEAD_MS = 1.0
-FRAME_TYPE = "application/vnd.splitinfer.frame"
 
 
 @dataclass

@@ -33,6 +33,7 @@ from splitinfer.shared.auth import (
     server_ssl_context,
 )
 from splitinfer.shared.errors import ConfigError, ProtocolError, SplitInferError
+from splitinfer.shared.frame import FRAME_TYPE
 from splitinfer.shared.nonces import NonceStore, RedisNonces
 from splitinfer.shared.serving import (
     BodyBudget,
@@ -46,7 +47,7 @@ from splitinfer.shared.serving import BodyTooLarge as BodyTooLarge  # noqa: PLC0
 
 log = logging.getLogger("splitinfer.cloud")
 
-FRAME_TYPE = "application/vnd.splitinfer.frame"
+
 JSON_TYPE = "application/json"
 HEADER_PRIORITY = "X-Splitinfer-Priority"
 HEADER_VERSION = "X-Splitinfer-Model-Version"  # on 200s: the version that served it

@@ -34,8 +34,8 @@ from splitinfer.edge.config import UplinkConfig
 from splitinfer.edge.transport import Reply, Transport, TransportError
 from splitinfer.shared.breaker import BreakerState, CircuitBreaker
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
+from splitinfer.shared.frame import FRAME_TYPE
 
-FRAME_TYPE = "application/vnd.splitinfer.frame"
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 Signer = Callable[[str, str, bytes], Mapping[str, str]]

@@ -73,7 +73,7 @@ from splitinfer.shared.codecs import Int8ZstdCodec
 from splitinfer.shared.costs import Constraints, CutCost, best_across_links, rank
 from splitinfer.shared.errors import ConfigError, ModelError
 from splitinfer.shared.links import Link
-from splitinfer.shared.manifest import PrivacySpec, TensorSpec
+from splitinfer.shared.manifest import PRECISIONS, PrivacySpec, TensorSpec
 from splitinfer.shared.preprocess import PreprocessSpec
 
 if TYPE_CHECKING:
@@ -87,7 +87,6 @@ SWITCH_RATES = tuple(float(r) for r in np.geomspace(0.25e6, 100e6, 32))
 ACTIVATION_SAMPLES = 16
 #: At most this many bytes of activations held at once (fewer samples on big models).
 ACTIVATION_BYTES = 512 * 2**20
-PRECISIONS = ("int8", "fp16", "fp32")
 
 
 @dataclass(frozen=True)

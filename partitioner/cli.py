@@ -34,20 +34,19 @@ from splitinfer.partitioner.pipeline import (
     write_package,
 )
 from splitinfer.shared.cli import ArgumentParser, run_cli
-from splitinfer.shared.costs import Constraints
+from splitinfer.shared.costs import OBJECTIVES, Constraints
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import Link, parse_duration, parse_rate
+from splitinfer.shared.manifest import PRECISIONS
 
 if TYPE_CHECKING:
     from splitinfer.partitioner.auto import AutoOptions
     from splitinfer.partitioner.wirecodec import InputCodec
     from splitinfer.shared.preprocess import PreprocessSpec
 
-PRECISIONS = ("int8", "fp16", "fp32")
 #: Rooflines the --list-cuts min-cuts are priced with unless --edge/--cloud-profile say.
 LIST_EDGE_PROFILE = "raspberry-pi-5"
 LIST_CLOUD_PROFILE = "l4"
-OBJECTIVES = ("latency", "edge-energy", "cloud-cost")
 _SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20}
 _SIZE["gib"] = 2**30
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.manifest import PRECISIONS
 
 FORMAT = "splitinfer.node-profile"
 FORMAT_VERSION = 1
-PRECISIONS = ("int8", "fp16", "fp32")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 MetaValue = str | int | float | bool | None

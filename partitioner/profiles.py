@@ -26,9 +26,10 @@ import numpy as np
 
 from splitinfer.partitioner.analysis import GraphAnalysis
 from splitinfer.partitioner.flops import node_flops
-from splitinfer.partitioner.nodeprofile import PRECISIONS, NodeProfile
+from splitinfer.partitioner.nodeprofile import NodeProfile
 from splitinfer.partitioner.runtime_map import node_keys
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.manifest import PRECISIONS
 
 KINDS = ("edge", "cloud")
 RUNTIMES = ("tensorrt", "onnxruntime-cpu", "onnxruntime-cuda")

@@ -42,6 +42,8 @@ from splitinfer.shared.codecs import (
 from splitinfer.shared.errors import CodecError, ConfigError, ProtocolError
 from splitinfer.shared.manifest import Manifest, QuantSpec, TensorSpec
 
+#: The media type of a wire frame, both ways.
+FRAME_TYPE = "application/vnd.splitinfer.frame"
 MAGIC = b"SPLT"
 FRAME_VERSION = 1
 KIND_REQUEST = 1

@@ -19,11 +19,11 @@ from cloudkit import chain_repo, config
 from splitinfer.cloud.cli import build_parser, config_from_args
 from splitinfer.cloud.config import PrivacyConfig
 from splitinfer.cloud.engine import Engine
-from splitinfer.cloud.server import FRAME_TYPE, build_app
+from splitinfer.cloud.server import build_app
 from splitinfer.shared.auth import HEADER_DEVICE
 from splitinfer.shared.codecs import RAW
 from splitinfer.shared.errors import ConfigError, ProtocolError
-from splitinfer.shared.frame import Privacy, Request, WireTensor, encode_request
+from splitinfer.shared.frame import FRAME_TYPE, Privacy, Request, WireTensor, encode_request
 from splitinfer.shared.manifest import Manifest
 from splitinfer.shared.privacy import Accountant, PrivacyBudgetExhausted
 

@@ -24,10 +24,10 @@ from ortutil import run
 from splitinfer.cloud.cli import build_parser, config_from_args, main
 from splitinfer.cloud.config import BatchingConfig, OverloadConfig, ServiceConfig
 from splitinfer.cloud.engine import Engine
-from splitinfer.cloud.server import FRAME_TYPE, HEADER_VERSION, NO_AUTH_WARNING, build_app
+from splitinfer.cloud.server import HEADER_VERSION, NO_AUTH_WARNING, build_app
 from splitinfer.shared.auth import Credential, CredentialStore, sign
 from splitinfer.shared.errors import ConfigError
-from splitinfer.shared.frame import Limits, decode_response
+from splitinfer.shared.frame import FRAME_TYPE, Limits, decode_response
 from splitinfer.shared.manifest import Manifest, load_manifest
 
 pytestmark = pytest.mark.integration

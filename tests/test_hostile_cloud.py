@@ -24,8 +24,9 @@ import pytest
 from cloudkit import DEVICE, OTHER, chain_repo, config, credentials_file, frame
 from hostile import closed_within, opened, read_response, request_head
 
-from splitinfer.cloud.server import FRAME_TYPE, serve
+from splitinfer.cloud.server import serve
 from splitinfer.shared.auth import Credential, sign
+from splitinfer.shared.frame import FRAME_TYPE
 from splitinfer.shared.manifest import load_manifest
 
 pytestmark = pytest.mark.integration

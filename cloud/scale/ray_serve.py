@@ -49,7 +49,6 @@ from splitinfer.cloud.scale.routing import (
     reply_for,
 )
 from splitinfer.cloud.server import (
-    FRAME_TYPE,
     HEADER_PRIORITY,
     HEADER_VERSION,
     JSON_TYPE,
@@ -62,7 +61,7 @@ from splitinfer.cloud.server import (
 )
 from splitinfer.shared.auth import CredentialStore
 from splitinfer.shared.errors import ModelNotFoundError, ProtocolError
-from splitinfer.shared.frame import peek_request
+from splitinfer.shared.frame import FRAME_TYPE, peek_request
 
 log = logging.getLogger("splitinfer.cloud")
 

@@ -34,9 +34,10 @@ from splitinfer.cloud.config import ModelPolicy, ServiceConfig
 from splitinfer.cloud.engine import Engine
 from splitinfer.cloud.overload import retry_after_header
 from splitinfer.cloud.repository import HashCache, scan, select_versions
-from splitinfer.cloud.server import FRAME_TYPE, HEADER_VERSION, status_of
+from splitinfer.cloud.server import HEADER_VERSION, status_of
 from splitinfer.cloud.traffic import choose_version, stable_draw
 from splitinfer.shared.errors import ConfigError, ModelNotFoundError, OverloadError
+from splitinfer.shared.frame import FRAME_TYPE
 
 Reply = tuple[int, dict[str, str], bytes]
 
