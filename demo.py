@@ -38,6 +38,7 @@ from typing import IO
 import numpy as np
 
 from splitinfer.shared.cli import run_cli
+from splitinfer.shared.contract import HEADER_CUT, HEADER_LOCAL
 from splitinfer.shared.errors import ConfigError
 
 DEFAULT_TRACE = "Verizon-LTE-short.up"
@@ -251,7 +252,7 @@ async def _send(url: str, strategy: Strategy, x: np.ndarray, streams: int) -> No
             t0 = time.perf_counter()
             headers = {"Content-Type": "application/x-npy"}
             if strategy.force_cut:
-                headers["X-Splitinfer-Cut"] = strategy.force_cut
+                headers[HEADER_CUT] = strategy.force_cut
             async with session.post(
                 f"{url}/v1/infer", data=buf.getvalue(), headers=headers
             ) as resp:
@@ -261,8 +262,8 @@ async def _send(url: str, strategy: Strategy, x: np.ndarray, streams: int) -> No
                     strategy.errors += 1
                     continue
                 strategy.latencies.append(elapsed)
-                strategy.cuts.add(resp.headers.get("X-Splitinfer-Cut", "?"))
-                strategy.local += resp.headers.get("X-Splitinfer-Local") == "1"
+                strategy.cuts.add(resp.headers.get(HEADER_CUT, "?"))
+                strategy.local += resp.headers.get(HEADER_LOCAL) == "1"
                 out = np.load(io.BytesIO(body))
                 preds[i] = int(out["logits"].argmax())
 

@@ -23,18 +23,18 @@ The clock, the sleep and the random source are injected: tests need no time.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from urllib.parse import quote
 
 from splitinfer.edge.config import UplinkConfig
 from splitinfer.edge.transport import Reply, Transport, TransportError
 from splitinfer.shared.breaker import BreakerState, CircuitBreaker
+from splitinfer.shared.contract import FRAME_TYPE, HEADER_PRIORITY, RETRY_AFTER
+from splitinfer.shared.contract import error_message as _error_message
+from splitinfer.shared.contract import infer_path as infer_path  # noqa: PLC0414 (pipeline's)
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
-from splitinfer.shared.frame import FRAME_TYPE
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -81,14 +81,10 @@ class Delivery:
     elapsed_s: float
 
 
-def infer_path(model: str) -> str:
-    return f"/v1/models/{quote(model, safe='')}/infer"
-
-
 def retry_after(reply: Reply) -> float:
     """Seconds from a Retry-After header (delta-seconds form), else 0."""
     try:
-        value = float(reply.header("Retry-After", "0"))
+        value = float(reply.header(RETRY_AFTER, "0"))
     except ValueError:
         return 0.0
     return value if math.isfinite(value) and value > 0 else 0.0
@@ -96,13 +92,7 @@ def retry_after(reply: Reply) -> float:
 
 def error_message(reply: Reply) -> str:
     """The cloud's one-line error (``{"error": ...}``), or the start of the body."""
-    try:
-        data = json.loads(reply.body)
-        if isinstance(data, dict) and isinstance(data.get("error"), str):
-            return str(data["error"])
-    except ValueError:
-        pass
-    return " ".join(reply.body[:200].decode("utf-8", "replace").split()) or "no message"
+    return _error_message(reply.body)
 
 
 def _summary(problems: Sequence[str]) -> str:
@@ -160,7 +150,7 @@ class Uplink:
     def _headers(self, path: str, body: bytes, extra: Mapping[str, str]) -> dict[str, str]:
         headers = {"Content-Type": FRAME_TYPE, **extra}
         if self.config.priority is not None:
-            headers.setdefault("X-Splitinfer-Priority", str(self.config.priority))
+            headers.setdefault(HEADER_PRIORITY, str(self.config.priority))
         if self._signer is not None:
             headers.update(self._signer("POST", path, body))
         return headers

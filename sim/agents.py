@@ -25,6 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from splitinfer.shared.contract import (
+    HEADER_CUT,
+    HEADER_DOWN_BYTES,
+    HEADER_LOCAL,
+    HEADER_TIMINGS,
+    HEADER_UP_BYTES,
+    NPZ_TYPE,
+)
 from splitinfer.shared.errors import ConfigError
 from splitinfer.sim.link import EmulatedLink
 from splitinfer.sim.scenario import Scenario
@@ -247,9 +255,9 @@ class ProcessDevice:
 
         body = npz_body(inputs)
         headers = {
-            "Content-Type": "application/x-npz",
-            "Accept": "application/x-npz",
-            "X-Splitinfer-Timings": "1",
+            "Content-Type": NPZ_TYPE,
+            "Accept": NPZ_TYPE,
+            HEADER_TIMINGS: "1",
         }
         start = self.now()
         t = time.monotonic()
@@ -266,15 +274,15 @@ class ProcessDevice:
         except (aiohttp.ClientError, TimeoutError) as exc:
             line = " ".join(str(exc).split()) or type(exc).__name__
             return RequestRecord(self.index, start, time.monotonic() - t, error=line)
-        stages, desc = parse_timings(answer.get("X-Splitinfer-Timings", ""))
+        stages, desc = parse_timings(answer.get(HEADER_TIMINGS, ""))
         return RequestRecord(
             self.index,
             start,
             elapsed,
-            cut=answer.get("X-Splitinfer-Cut", desc.get("cut", "")),
-            local=answer.get("X-Splitinfer-Local") == "1",
-            up_bytes=_int(answer.get("X-Splitinfer-Up-Bytes")),
-            down_bytes=_int(answer.get("X-Splitinfer-Down-Bytes")),
+            cut=answer.get(HEADER_CUT, desc.get("cut", "")),
+            local=answer.get(HEADER_LOCAL) == "1",
+            up_bytes=_int(answer.get(HEADER_UP_BYTES)),
+            down_bytes=_int(answer.get(HEADER_DOWN_BYTES)),
             endpoint=desc.get("endpoint", ""),
             timings=stages,
         )
