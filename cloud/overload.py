@@ -9,7 +9,6 @@ the same one); :class:`CircuitOpen` is its refusal.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from cachetools import LRUCache
@@ -49,11 +48,6 @@ class RateLimited(SplitInferError):
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-
-
-def retry_after_header(seconds: float) -> str:
-    """``Retry-After`` in whole seconds (RFC 9110 delay-seconds), at least 1."""
-    return str(max(1, math.ceil(seconds))) if math.isfinite(seconds) else "60"
 
 
 @dataclass

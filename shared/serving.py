@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from splitinfer.shared.contract import BodyStream
 from splitinfer.shared.errors import OverloadError, ProtocolError, SplitInferError
 
 _REFUSAL_BODY = b'{"error": "too many connections open; retry shortly", "status": 503}'
@@ -130,16 +131,8 @@ class Reservation:
             self.size = 0
 
 
-class Stream(Protocol):
-    """What :func:`read_body` needs of aiohttp's ``request.content``."""
-
-    async def readany(self) -> bytes: ...
-
-    def at_eof(self) -> bool: ...
-
-
 async def read_body(
-    content: Stream,
+    content: BodyStream,
     *,
     declared: int | None,
     limit: int,
@@ -152,8 +145,10 @@ async def read_body(
     over the limit is refused before a byte is read, and a sized body is read
     into one preallocated buffer. ``grow(n)`` is called before each chunk of an
     unsized body is kept, so that the caller can account for (and refuse) it.
-    A client gone mid-body raises :class:`ClientGone`; too slow a one
-    :class:`BodyTimeout`; in both cases what was read is released first.
+    ``content`` is any :class:`~splitinfer.shared.contract.BodyStream` (aiohttp's
+    ``request.content``, Starlette's stream, a body in memory). A client gone
+    mid-body raises :class:`ClientGone`; too slow a one :class:`BodyTimeout`; in
+    both cases what was read is released first.
     """
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"request body of {declared} bytes is over the limit of {limit} bytes")
@@ -189,7 +184,8 @@ async def read_body(
 
 
 def _is_payload_error(exc: BaseException) -> bool:
-    return type(exc).__name__ in ("RequestPayloadError", "ContentLengthError")
+    # aiohttp's truncated body; Starlette's ClientDisconnect (the Ray Serve ingress)
+    return type(exc).__name__ in ("RequestPayloadError", "ContentLengthError", "ClientDisconnect")
 
 
 class _Guarded(asyncio.Protocol):

@@ -16,8 +16,8 @@ from splitinfer.cloud.overload import (
     QueueFull,
     RateLimited,
     RateLimiter,
-    retry_after_header,
 )
+from splitinfer.shared.contract import retry_after_header
 
 pytestmark = pytest.mark.unit
 

@@ -24,8 +24,10 @@ from ortutil import run
 from splitinfer.cloud.cli import build_parser, config_from_args, main
 from splitinfer.cloud.config import BatchingConfig, OverloadConfig, ServiceConfig
 from splitinfer.cloud.engine import Engine
-from splitinfer.cloud.server import HEADER_VERSION, NO_AUTH_WARNING, build_app
+from splitinfer.cloud.handler import NO_AUTH_WARNING
+from splitinfer.cloud.server import build_app
 from splitinfer.shared.auth import Credential, CredentialStore, sign
+from splitinfer.shared.contract import HEADER_VERSION
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.frame import FRAME_TYPE, Limits, decode_response
 from splitinfer.shared.manifest import Manifest, load_manifest

@@ -462,7 +462,7 @@ async def test_infer_json_never_answers_bare_nan_and_caps_its_body(
 
 
 def test_a_json_answer_with_nan_outputs_is_refused_not_sent_bare() -> None:
-    from splitinfer.cloud.server import json_answer
+    from splitinfer.cloud.handler import json_answer
     from splitinfer.shared.errors import ProtocolError
 
     assert json_answer({"outputs": {"y": np.array([1.5])}}) == '{"outputs": {"y": [1.5]}}'

@@ -33,8 +33,8 @@ from splitinfer.cloud.config import BatchingConfig  # noqa: E402
 from splitinfer.cloud.engine import Engine  # noqa: E402
 from splitinfer.cloud.scale.config import ScaleConfig, scale_config_from_args  # noqa: E402
 from splitinfer.cloud.scale.routing import VersionTable, model_key, parse_key  # noqa: E402
-from splitinfer.cloud.server import HEADER_VERSION  # noqa: E402
 from splitinfer.shared.auth import sign  # noqa: E402
+from splitinfer.shared.contract import HEADER_VERSION  # noqa: E402
 from splitinfer.shared.errors import ConfigError, ModelNotFoundError  # noqa: E402
 from splitinfer.shared.frame import (  # noqa: E402
     FRAME_TYPE,

@@ -8,10 +8,11 @@
   MoE runtime when ``moe_cache_bytes`` is set), one per model version it holds,
   loaded on demand through Serve's model multiplexing (``@serve.multiplexed``;
   the id is ``model:version:fingerprint``), least recently used unloaded.
-- :class:`Ingress`: the HTTP API of ``cloud/server.py`` (same paths, content
-  types, status codes, headers and error JSON): it checks content type, size,
-  signature and rate, picks the version by the model's traffic policy, and
-  sends the frame to a replica holding that version
+- :class:`Ingress`: the HTTP API of ``cloud-service``, through the same
+  handler (``cloud/handler.py``: paths, content types, status codes, headers,
+  error JSON; the signature headers checked before the body is read): it
+  picks the version by the model's traffic policy and sends the frame to a
+  replica holding that version
   (``handle.options(multiplexed_model_id=...)``). When a replica dies
   mid-request the request is sent again (inference is idempotent) and reaches
   another replica.
@@ -26,42 +27,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from aiohttp import web
 from multidict import CIMultiDict
+from prometheus_client import Counter
 from ray import serve
 
 from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.engine import Engine
+from splitinfer.cloud.handler import NO_AUTH_WARNING, CloudHandler
 from splitinfer.cloud.overload import Rejected
 from splitinfer.cloud.scale.config import ScaleConfig, scale_config_from_args
 from splitinfer.cloud.scale.routing import (
-    Reply,
+    ReplicaBackend,
     VersionEngine,
     VersionTable,
-    error_reply,
     infer_json_reply,
     infer_reply,
-    json_reply,
     open_version,
     reply_for,
 )
-from splitinfer.cloud.server import (
-    HEADER_PRIORITY,
-    HEADER_VERSION,
-    JSON_TYPE,
-    NO_AUTH_WARNING,
-    BodyTooLarge,
-    Guard,
-    UnsupportedMediaType,
-    parse_infer_json,
-    priority_of,
-)
 from splitinfer.shared.auth import CredentialStore
-from splitinfer.shared.errors import ModelNotFoundError, ProtocolError
-from splitinfer.shared.frame import FRAME_TYPE, peek_request
+from splitinfer.shared.contract import Reply
 
 log = logging.getLogger("splitinfer.cloud")
 
@@ -126,103 +114,52 @@ def _retriable() -> tuple[type[BaseException], ...]:
 
 
 class Ingress:
-    """The HTTP API of ``cloud/server.py`` in front of the engine replicas."""
+    """The HTTP API of ``cloud-service`` in front of the engine replicas.
+
+    A Starlette adapter over :class:`~splitinfer.cloud.handler.CloudHandler`
+    (the daemon's own handler) with a :class:`ReplicaBackend`: the signature
+    headers are checked before the body stream is read.
+    """
 
     def __init__(self, config: ScaleConfig, replicas: Any) -> None:
-        from prometheus_client import CollectorRegistry, Counter
-
         self.config = config
         self.service = config.service
         self.replicas = replicas
         store = None
         if self.service.credentials:
             store = CredentialStore.from_file(self.service.credentials)
-        self.guard = Guard(self.service, store)
         self.table = VersionTable(self.service)
         self.table.rescan()
-        if self.service.no_auth:
-            log.warning(NO_AUTH_WARNING)
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "splitinfer_ingress_requests",
-            "Requests answered by the ingress",
-            ["model", "version", "status"],
-            registry=self.registry,
-        )
+        self.backend = ReplicaBackend(self.service, self.table, self._call)
+        self.handler = CloudHandler(self.service, self.backend, store)
         self.retries = Counter(
             "splitinfer_ingress_retries",
             "Requests sent again because a replica died",
             ["model"],
-            registry=self.registry,
+            registry=self.backend.registry,
         )
+        if self.service.no_auth:
+            log.warning(NO_AUTH_WARNING)
         self._watcher: asyncio.Task[None] | None = None
         self._handles: dict[tuple[str, str], Any] = {}
-
-    # -- HTTP -------------------------------------------------------------------------
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import Response
 
-        started = time.perf_counter()
-        status, headers, body = await reply_for(self._route(request, started))
-        return Response(content=body, status_code=status, headers=headers)
-
-    async def _route(self, request: Any, started: float) -> Reply:
         if self.service.watch_interval_s > 0 and self._watcher is None:
             self._watcher = asyncio.create_task(self._watch(self.service.watch_interval_s))
-        method, path = request.method, request.url.path
-        parts = path.strip("/").split("/")
-        if method == "GET" and path == "/healthz":
-            return 200, {"Content-Type": "text/plain; charset=utf-8"}, b"ok"
-        if method == "GET" and path == "/readyz":
-            return self._readyz()
-        if method == "GET" and path == "/v1/models":
-            return json_reply(self.table.status())
-        if method == "GET" and path == "/metrics":
-            return self._metrics()
-        if method == "POST" and path == "/v1/admin/reload":
-            body = await self._body(request)
-            self._check(request, body)
-            report = await asyncio.get_running_loop().run_in_executor(None, self.table.rescan)
-            return json_reply(report)
-        if len(parts) == 4 and parts[:2] == ["v1", "models"] and method == "POST":
-            model = parts[2]
-            if parts[3] == "infer":
-                reply = await reply_for(self._infer(request, model, started))
-            elif parts[3] == "infer.json":
-                reply = await reply_for(self._infer_json(request, model))
-            else:
-                return error_reply(ModelNotFoundError(f"no route {method} {path}"))
-            label = model if model in self.table.models else "_unknown"
-            version = reply[1].get(HEADER_VERSION, "")
-            self.requests.labels(label, version, str(reply[0])).inc()
-            return reply
-        raise web.HTTPNotFound(reason=f"no route {method} {path}")
-
-    async def _infer(self, request: Any, model: str, started: float) -> Reply:
-        _content_type(request, FRAME_TYPE)
-        body = await self._body(request)
-        device = self._check(request, body)
-        priority = priority_of(request.headers.get(HEADER_PRIORITY))
-        ids = peek_request(body, self.service.limits())
-        if ids is not None and ids[0] != model:
-            raise ProtocolError(f"frame.model: {ids[0]!r} does not match the URL's model {model!r}")
-        _, key = self.table.route(model, ids[1] if ids else "", device)
-        reply = await self._call(model, key, "infer", model, body, device, priority)
-        status, headers, out = reply
-        if status == 200:  # the edge subtracts our time (the replica hop included)
-            headers["Server-Timing"] = f"cloud;dur={(time.perf_counter() - started) * 1e3:.3f}"
-        return status, headers, out
-
-    async def _infer_json(self, request: Any, model: str) -> Reply:
-        _content_type(request, JSON_TYPE)
-        body = await self._body(request)
-        device = self._check(request, body)
-        priority = priority_of(request.headers.get(HEADER_PRIORITY))
-        inputs, cut_id, version = parse_infer_json(body)
-        info, key = self.table.route(model, version, device)
-        data = {"cut_id": cut_id or info.default_cut, "inputs": inputs}
-        return await self._call(model, key, "infer_json", model, data, device, priority)
+        scope = request.scope
+        raw = scope.get("raw_path") or request.url.path.encode()
+        path = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)
+        query = scope.get("query_string", b"")
+        if query and "?" not in path:
+            path += "?" + query.decode("latin-1")
+        headers: Mapping[str, str] = CIMultiDict(request.headers.items())
+        remote = request.client.host if request.client else ""
+        reply = await self.handler(
+            request.method, path, headers, StarletteBody(request.stream()), remote
+        )
+        return Response(content=reply.body, status_code=reply.status, headers=dict(reply.headers))
 
     async def _call(self, model: str, key: str, method: str, *args: Any) -> Reply:
         """Send to a replica holding ``key``; again (another replica) if that one died."""
@@ -247,50 +184,6 @@ class Ingress:
                 wait *= 2
         raise AssertionError("unreachable")
 
-    # -- helpers ------------------------------------------------------------------------
-
-    async def _body(self, request: Any) -> bytes:
-        limit = self.service.max_body_bytes
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise BodyTooLarge(f"request body of {length} bytes is over the limit of {limit} bytes")
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise BodyTooLarge("request body is over the size limit (max_body_bytes)")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def _check(self, request: Any, body: bytes) -> str:
-        scope = request.scope
-        raw = scope.get("raw_path") or request.url.path.encode()
-        path = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)
-        query = scope.get("query_string", b"")
-        if query and "?" not in path:
-            path += "?" + query.decode("latin-1")
-        headers: Mapping[str, str] = CIMultiDict(request.headers.items())
-        remote = request.client.host if request.client else ""
-        return self.guard.check_parts(request.method, path, headers, body, remote)
-
-    def _readyz(self) -> Reply:
-        ready = self.table.ready
-        body: dict[str, Any] = {
-            "ready": ready,
-            "models": {
-                m["name"]: {"ready": m["ready"], "versions": m["versions"]}
-                for m in self.table.status()["models"]
-            },
-        }
-        if self.service.no_auth:
-            body["warning"] = NO_AUTH_WARNING
-        return json_reply(body, status=200 if ready else 503)
-
-    def _metrics(self) -> Reply:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return 200, {"Content-Type": CONTENT_TYPE_LATEST}, generate_latest(self.registry)
-
     async def _watch(self, interval: float) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -301,10 +194,17 @@ class Ingress:
                 log.exception("repository rescan failed")
 
 
-def _content_type(request: Any, wanted: str) -> None:
-    got = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if got != wanted:
-        raise UnsupportedMediaType(f"Content-Type {got or '(none)'!r}: send {wanted}")
+class StarletteBody:
+    """Starlette's ``request.stream()`` as the handler's body stream (``readany``)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._chunks = chunks
+
+    async def readany(self) -> bytes:
+        try:
+            return await anext(self._chunks)
+        except StopAsyncIteration:
+            return b""
 
 
 # -- building and running -----------------------------------------------------------------

@@ -12,34 +12,46 @@ engine.
 over a one-version view of the repository (a folder of symlinks), built from
 the same :class:`~splitinfer.cloud.config.ServiceConfig` as ``cloud-service``.
 
-:func:`reply_for` answers a request with ``(status, headers, body)`` exactly as
-``cloud/server.py`` does (same content types, headers, error JSON), so that an
-edge agent cannot tell the two apart.
+:class:`ReplicaBackend` (the ingress's backend of
+:class:`~splitinfer.cloud.handler.CloudHandler`, the one request handler of
+``cloud-service`` too): the handler checks content type, size, signature (its
+headers before the body is read) and rate, then this picks the version and
+calls a replica, whose engine decodes and checks the frame (the cut's codec
+included) as the daemon's does. The ingress answers what the daemon answers,
+so an edge agent cannot tell the two apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
 from splitinfer.cloud.config import ModelPolicy, ServiceConfig
 from splitinfer.cloud.engine import Engine
-from splitinfer.cloud.overload import retry_after_header
+from splitinfer.cloud.handler import (
+    JSON_HEADERS,
+    auth_kind,
+    infer_frame,
+    json_answer,
+    reply_of,
+)
+from splitinfer.cloud.metrics import UNKNOWN
 from splitinfer.cloud.repository import HashCache, scan, select_versions
-from splitinfer.cloud.server import HEADER_VERSION, status_of
 from splitinfer.cloud.traffic import choose_version, stable_draw
-from splitinfer.shared.errors import ConfigError, ModelNotFoundError, OverloadError
-from splitinfer.shared.frame import FRAME_TYPE
-
-Reply = tuple[int, dict[str, str], bytes]
+from splitinfer.shared.auth import AuthError
+from splitinfer.shared.contract import HEADER_VERSION, SERVER_TIMING, Reply
+from splitinfer.shared.errors import ConfigError, ModelNotFoundError, OverloadError, ProtocolError
+from splitinfer.shared.frame import peek_request
 
 
 def model_key(model: str, version: str, fingerprint: str) -> str:
@@ -248,53 +260,143 @@ async def open_version(
     return VersionEngine(engine, view, asyncio.get_running_loop())
 
 
-# -- replies, as cloud/server.py gives them ---------------------------------------------
-
-
-def error_reply(exc: BaseException) -> Reply:
-    """The JSON error of ``cloud/server.py`` for an exception."""
-    status, message, retry = status_of(exc)
-    headers = {"Content-Type": "application/json; charset=utf-8"}
-    if retry is not None:
-        headers["Retry-After"] = retry_after_header(retry)
-    return status, headers, json.dumps({"error": message, "status": status}).encode()
-
-
-def json_reply(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
-    out = {"Content-Type": "application/json; charset=utf-8", **(headers or {})}
-    return status, out, json.dumps(data).encode()
+# -- replies -------------------------------------------------------------------------------
 
 
 async def reply_for(work: Awaitable[Reply]) -> Reply:
-    """Await a reply; any error becomes the daemon's JSON error."""
+    """Await a replica's reply; any error becomes the contract's JSON error."""
     try:
         return await work
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        return error_reply(exc)
+        return reply_of(exc)
 
 
 async def infer_reply(engine: Engine, model: str, body: bytes, device: str, priority: int) -> Reply:
-    """``POST /v1/models/{model}/infer`` on one engine (what ``server.infer`` answers)."""
-    served = await engine.infer(model, body, device=device, priority=priority)
-    headers = {
-        "Content-Type": FRAME_TYPE,
-        HEADER_VERSION: served.version,
-        "Server-Timing": f"cloud;dur={served.service_s * 1e3:.3f}",
-    }
-    return 200, headers, served.body
+    """``POST /v1/models/{model}/infer`` on one replica's engine."""
+    return await infer_frame(engine, model, body, device, priority)
 
 
 async def infer_json_reply(
     engine: Engine, model: str, data: dict[str, Any], device: str, priority: int
 ) -> Reply:
-    """``POST /v1/models/{model}/infer.json`` on one engine (``data`` already checked)."""
+    """``POST /v1/models/{model}/infer.json`` on one replica's engine (``data`` checked)."""
     version = next(iter(engine.registry.model(model).serving))
     outputs, served = await engine.infer_arrays(
         model, data["cut_id"], data["inputs"], version=version, device=device, priority=priority
     )
-    return json_reply(
-        {"outputs": {k: v.tolist() for k, v in outputs.items()}, "model_version": served},
-        headers={HEADER_VERSION: served},
-    )
+    doc = {"outputs": outputs, "model_version": served}
+    text = await asyncio.get_running_loop().run_in_executor(None, json_answer, doc)
+    return Reply(200, {**JSON_HEADERS, HEADER_VERSION: served}, text.encode())
+
+
+#: ``call(model, key, method, *args)``: a replica holding ``key`` runs ``method``.
+ReplicaCall = Callable[..., Awaitable[Reply]]
+
+
+class ReplicaBackend:
+    """The handler's backend at the Ray Serve ingress: route by policy, call a replica.
+
+    ``call`` sends to a replica that holds the version (Ray's handle, with its
+    retries, in ``ray_serve.py``; any coroutine in tests). Its counters are in
+    ``registry``, which ``GET /metrics`` renders.
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        table: VersionTable,
+        call: ReplicaCall,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.table = table
+        self.call = call
+        self.limits = config.limits()
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "splitinfer_ingress_requests",
+            "Requests answered by the ingress",
+            ["model", "version", "status"],
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "splitinfer_ingress_rejections",
+            "Requests the ingress refused itself, by reason",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self.auth_failures = Counter(
+            "splitinfer_ingress_auth_failures",
+            "Requests refused for their signature, by kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.aborts = Counter(
+            "splitinfer_ingress_aborted_uploads",
+            "Requests whose client closed the connection before its body was complete",
+            registry=self.registry,
+        )
+
+    async def infer(self, model: str, body: bytes, device: str, priority: int) -> Reply:
+        started = time.perf_counter()
+        if model not in self.table.models:  # 404 first, as the engine answers
+            self.table.route(model, "", device)
+        ids = peek_request(body, self.limits)
+        if ids is not None and ids[0] != model:
+            raise ProtocolError(f"frame.model: {ids[0]!r} does not match the URL's model {model!r}")
+        _, key = self.table.route(model, ids[1] if ids else "", device)
+        reply = await self.call(model, key, "infer", model, body, device, priority)
+        if reply.status != 200:
+            return reply
+        # the edge subtracts our time, the replica hop included
+        timing = f"cloud;dur={(time.perf_counter() - started) * 1e3:.3f}"
+        return Reply(200, {**reply.headers, SERVER_TIMING: timing}, reply.body)
+
+    async def infer_json(
+        self,
+        model: str,
+        inputs: dict[str, Any],
+        cut_id: str,
+        version: str,
+        device: str,
+        priority: int,
+    ) -> Reply:
+        info, key = self.table.route(model, version, device)
+        data = {"cut_id": cut_id or info.default_cut, "inputs": inputs}
+        return await self.call(model, key, "infer_json", model, data, device, priority)
+
+    async def reload(self) -> dict[str, Any]:
+        return await asyncio.get_running_loop().run_in_executor(None, self.table.rescan)
+
+    def models(self) -> dict[str, Any]:
+        return self.table.status()
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        ready = self.table.ready
+        doc = {
+            "ready": ready,
+            "models": {
+                m["name"]: {"ready": m["ready"], "versions": m["versions"]}
+                for m in self.table.status()["models"]
+            },
+        }
+        return ready, doc
+
+    def metrics(self) -> Reply:
+        return Reply(200, {"Content-Type": CONTENT_TYPE_LATEST}, generate_latest(self.registry))
+
+    def label(self, model: str) -> str:
+        return model if model in self.table.models else UNKNOWN
+
+    def counted(self, label: str, version: str, status: int) -> None:
+        self.requests.labels(label, version, str(status)).inc()
+
+    def rejected(self, label: str, exc: BaseException, status: int) -> None:
+        self.rejections.labels(label, type(exc).__name__).inc()
+        if isinstance(exc, AuthError) and status == 401:
+            self.auth_failures.labels(auth_kind(exc)).inc()
+
+    def aborted(self) -> None:
+        self.aborts.inc()

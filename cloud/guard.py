@@ -1,0 +1,116 @@
+"""Who may call the cloud service: signatures (checked from the headers before the body
+is read), bytes in flight, per-device rates. Framework-free: :class:`Guard` takes the
+request's method, raw path, headers and body stream, whatever front end carried them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+
+from splitinfer.cloud.config import ServiceConfig
+from splitinfer.cloud.overload import RateLimiter
+from splitinfer.shared.auth import HEADER_DEVICE, CredentialStore, Verifier
+from splitinfer.shared.contract import BodyStream
+from splitinfer.shared.errors import ConfigError, ProtocolError
+from splitinfer.shared.nonces import NonceStore, RedisNonces
+from splitinfer.shared.serving import BodyBudget, BodyTooLarge, read_body
+
+
+class Guard:
+    """Who may call: signature checks (or none with --no-auth) and per-device rates."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        store: CredentialStore | None,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if config.auth_enabled and store is None:
+            raise ConfigError(
+                "no device credentials configured: give --credentials FILE "
+                "(see docs/auth.md), or --no-auth for development on loopback"
+            )
+        self.verifier: Verifier | None = None
+        self.nonces: NonceStore | None = None
+        if store is not None and not config.no_auth:
+            if config.nonce_store:
+                self.nonces = RedisNonces(config.nonce_store)
+            self.verifier = Verifier(
+                store,
+                window_s=config.auth_window_s,
+                audiences=config.audience,
+                nonces=self.nonces,
+            )
+        ov = config.overload
+        self.limiter = RateLimiter(ov.device_rate, ov.burst, ov.max_devices)
+        self.budget = BodyBudget(config.max_inflight_bytes, config.max_device_inflight_bytes)
+        self.body_timeout_s = config.body_timeout_s
+        self.wall = wall
+        self.clock = clock
+
+    @contextlib.asynccontextmanager
+    async def incoming(
+        self,
+        method: str,
+        raw_path: str,
+        headers: Mapping[str, str],
+        stream: BodyStream,
+        remote: str,
+        limit: int,
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        """``(device, body)`` of a request, checked as far as possible before the body is read.
+
+        A declared size over ``limit`` is refused first (413); then the headers
+        go through the signature pre-check (device, key, expiry, window,
+        audience, nonce) before a byte of the body is read; the body is read
+        into a reservation of bytes in flight for that device (503 beyond it),
+        held until the caller is done; then the signature over the body and
+        the rate limit are checked.
+        """
+        declared = content_length(headers)
+        if declared is not None and declared > limit:
+            raise BodyTooLarge(
+                f"request body of {declared} bytes is over the limit of {limit} bytes"
+            )
+        checked = None
+        if self.verifier is not None:
+            checked = self.verifier.precheck(method, raw_path, headers, self.wall())
+            owner = checked.cred.device_id
+        else:
+            owner = headers.get(HEADER_DEVICE, "")[:64] or remote
+        with self.budget.reservation(owner) as held:
+            if declared is not None:
+                held.grow(declared)
+            body = await read_body(
+                stream,
+                declared=declared,
+                limit=limit,
+                timeout_s=self.body_timeout_s,
+                grow=held.grow,
+            )
+            if self.verifier is not None and checked is not None:
+                device = self.verifier.finish(
+                    checked, method, raw_path, body, self.wall()
+                ).device_id
+            else:
+                device = headers.get(HEADER_DEVICE, "")[:64]
+            self.limiter.check(device or remote, self.clock())
+            yield device, body
+
+    def close(self) -> None:
+        if isinstance(self.nonces, RedisNonces):
+            self.nonces.close()
+
+
+def content_length(headers: Mapping[str, str]) -> int | None:
+    """The declared body size, or None (chunked, or no body)."""
+    raw = headers.get("Content-Length")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not raw.isdigit():
+        raise ProtocolError(f"Content-Length: {raw[:32]!r} is not a size")
+    return int(raw)
