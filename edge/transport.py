@@ -7,8 +7,11 @@ failover, link estimation) is the same whichever transport is plugged in:
 
 * :class:`HttpTransport`: aiohttp, over one persistent ``ClientSession`` shared
   by all endpoints (keep-alive, a bounded connection pool, timeouts);
-* :class:`FunctionTransport`: a Python function, for tests (it may run a real
-  cloud segment and real frame decoding, with no sockets);
+* :class:`HandlerTransport`: a service's request handler called in process
+  (the cloud's real ``CloudHandler`` over a real engine, with no sockets), the
+  way tests drive the edge against the real cloud;
+* :class:`FunctionTransport`: a Python function ``(method, path, body,
+  headers) -> Reply``, for tests that play a dead, slow or lying endpoint;
 * ``sim/`` adds an emulated link that wraps another transport.
 """
 
@@ -18,9 +21,10 @@ import asyncio
 import inspect
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
+from splitinfer.shared.contract import BytesBody, ServiceHandler
+from splitinfer.shared.contract import Reply as Reply  # noqa: PLC0414 (the edge's name for it)
 from splitinfer.shared.errors import SplitInferError
 
 
@@ -32,23 +36,6 @@ class TransportError(SplitInferError):
     def __init__(self, message: str, *, timeout: bool = False) -> None:
         super().__init__(message)
         self.timeout = timeout
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What an endpoint answered."""
-
-    status: int
-    headers: Mapping[str, str] = field(default_factory=dict)
-    body: bytes = b""
-
-    def header(self, name: str, default: str = "") -> str:
-        """A header, looked up case-insensitively."""
-        low = name.lower()
-        for key, value in self.headers.items():
-            if key.lower() == low:
-                return value
-        return default
 
 
 class Transport(Protocol):
@@ -103,6 +90,55 @@ class FunctionTransport:
         return result
 
 
+Signer = Callable[[str, str, bytes, str], Mapping[str, str]]
+
+
+class HandlerTransport:
+    """A transport that calls a :data:`~splitinfer.shared.contract.ServiceHandler` in process.
+
+    The request goes to the handler as a server would pass it (raw path,
+    headers with ``Content-Length``, the body as a stream, a loopback peer),
+    signed like :class:`HttpTransport` signs (``signer(method, path, body,
+    audience)``, the audience being ``name``) when a signer is given. A
+    handler slower than the request's timeout is a :class:`TransportError`.
+    ``calls`` counts the requests sent.
+    """
+
+    def __init__(
+        self,
+        handler: ServiceHandler,
+        name: str = "http://in-process",
+        signer: Signer | None = None,
+        remote: str = "127.0.0.1",
+    ) -> None:
+        self.handler = handler
+        self.name = name.rstrip("/")
+        self.calls = 0
+        self._signer = signer
+        self._remote = remote
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> Reply:
+        self.calls += 1
+        sent = {**headers, "Content-Length": str(len(body))}
+        if self._signer is not None and method == "POST":
+            sent.update(self._signer(method, path, body, self.name))
+        try:
+            return await asyncio.wait_for(
+                self.handler(method, path, sent, BytesBody(body), self._remote), timeout_s
+            )
+        except TimeoutError:
+            raise TransportError(
+                f"{self.name}: no answer in {timeout_s:.3g} s", timeout=True
+            ) from None
+
+
 def make_session(
     max_connections: int,
     connect_timeout_s: float,
@@ -138,7 +174,7 @@ class HttpTransport:
         base_url: str,
         session: object,
         max_response_bytes: int,
-        signer: Callable[[str, str, bytes, str], Mapping[str, str]] | None = None,
+        signer: Signer | None = None,
     ) -> None:
         self.name = base_url.rstrip("/")
         self._session = session

@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from incloud import cloud_factory  # noqa: F401
 from kinds import _unit_tests_stay_in, pytest_collection_modifyitems  # noqa: F401
 from zoo import REAL, ZOO, export
 

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import pytest
 from cloudkit import config
+from incloud import CloudFactory
 from ortutil import run
 
 from splitinfer.cloud.engine import Engine
@@ -25,7 +26,6 @@ from splitinfer.edge.config import UplinkConfig
 from splitinfer.edge.failover import Uplink
 from splitinfer.edge.model import load_model
 from splitinfer.edge.pipeline import Pipeline
-from splitinfer.edge.testing import LocalCloud
 from splitinfer.edge.transport import FunctionTransport, Reply
 from splitinfer.partitioner.cli import main as partition
 from splitinfer.partitioner.onnx_torch import segment_module, unsupported
@@ -140,6 +140,7 @@ def test_an_adaptation_for_another_mechanism_is_refused(digits: Mapping[str, obj
 
 async def test_the_edge_sends_exactly_the_manifest_mechanism(
     digits: Mapping[str, object],
+    cloud_factory: CloudFactory,
 ) -> None:
     """Clip to C, noise of std z·2C from the agent's generator, the cut's quantizer:
     nothing the adaptation trained can loosen it."""
@@ -153,11 +154,11 @@ async def test_the_edge_sends_exactly_the_manifest_mechanism(
     assert cut.adaptation is not None
     assert cut.edge is not None
     seen: list[Request] = []
-    cloud = LocalCloud(pkg)
+    cloud = await cloud_factory(pkg)
 
-    def spy(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
+    async def spy(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
         seen.append(decode_request(body, manifest, Limits()))
-        return cloud(method, path, body, headers)
+        return await cloud(method, path, body, headers)
 
     async def no_sleep(_: float) -> None:
         return None

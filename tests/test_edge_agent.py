@@ -1,7 +1,8 @@
 """The local API on loopback: bodies, answers, errors, back-pressure, metrics.
 
-The cloud side here is :class:`~splitinfer.edge.testing.LocalCloud` (real ONNX
-Runtime, real frames), behind a function transport or a real aiohttp server.
+The cloud side here is the real cloud service in process (tests/incloud.py: its
+engine and request handler), behind the in-process transport, or the real
+cloud-service app on loopback.
 The tests against the real cloud service are in test_edge_integration.py.
 """
 
@@ -20,11 +21,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from graphs import chain, late_mask
+from incloud import CloudFactory, repository_for
 from ortutil import assert_close, run
 
+from splitinfer.cloud.config import ServiceConfig
+from splitinfer.cloud.engine import Engine
+from splitinfer.cloud.server import build_app
 from splitinfer.edge.agent import create_app, load_credential, timing_header
 from splitinfer.edge.config import EdgeConfig, QueueConfig, UplinkConfig
-from splitinfer.edge.testing import LocalCloud
 from splitinfer.edge.transport import (
     FunctionTransport,
     HttpTransport,
@@ -93,11 +97,11 @@ async def agent(
 
 
 async def test_npy_npz_and_json_bodies(
-    aiohttp_client: ClientFactory, pkg: tuple[Path, Path]
+    aiohttp_client: ClientFactory, pkg: tuple[Path, Path], cloud_factory: CloudFactory
 ) -> None:
     src, package = pkg
     client = await agent(
-        aiohttp_client, package, [FunctionTransport(LocalCloud(package, load=0.5))]
+        aiohttp_client, package, [(await cloud_factory(package, load=0.5)).transport()]
     )
     x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
     want = run(src, {"x": x})
@@ -144,10 +148,10 @@ async def test_npy_npz_and_json_bodies(
 
 
 async def test_several_inputs_need_an_npz(
-    aiohttp_client: ClientFactory, two_inputs: tuple[Path, Path]
+    aiohttp_client: ClientFactory, two_inputs: tuple[Path, Path], cloud_factory: CloudFactory
 ) -> None:
     src, package = two_inputs
-    client = await agent(aiohttp_client, package, [FunctionTransport(LocalCloud(package))])
+    client = await agent(aiohttp_client, package, [(await cloud_factory(package)).transport()])
     rng = np.random.default_rng(2)
     feeds = {k: rng.standard_normal((2, 4)).astype(np.float32) for k in ("x", "mask")}
     resp = await client.post("/v1/infer", data=npz(**feeds))
@@ -180,10 +184,11 @@ async def test_bad_input_gets_400_with_a_message(
     body: bytes | None,
     headers: dict[str, str],
     message: str,
+    cloud_factory: CloudFactory,
 ) -> None:
     _, package = pkg
-    cloud = LocalCloud(package)
-    client = await agent(aiohttp_client, package, [FunctionTransport(cloud)])
+    cloud = await cloud_factory(package)
+    client = await agent(aiohttp_client, package, [cloud.transport()])
     data = npy(np.zeros((1, 16), np.float32)) if body is None else body
     resp = await client.post("/v1/infer", data=data, headers=headers)
     assert resp.status == 400
@@ -197,10 +202,10 @@ async def test_bad_input_gets_400_with_a_message(
 
 
 async def test_wrong_dtype_and_a_safe_cast(
-    aiohttp_client: ClientFactory, pkg: tuple[Path, Path]
+    aiohttp_client: ClientFactory, pkg: tuple[Path, Path], cloud_factory: CloudFactory
 ) -> None:
     src, package = pkg
-    client = await agent(aiohttp_client, package, [FunctionTransport(LocalCloud(package))])
+    client = await agent(aiohttp_client, package, [(await cloud_factory(package)).transport()])
     resp = await client.post("/v1/infer", data=npy(np.full((1, 16), "a")))
     assert resp.status == 400
     assert "dtype <U1 does not convert to the model's float32" in (await resp.json())["error"]
@@ -213,13 +218,13 @@ async def test_wrong_dtype_and_a_safe_cast(
 
 
 async def test_oversize_body_gets_413(
-    aiohttp_client: ClientFactory, pkg: tuple[Path, Path]
+    aiohttp_client: ClientFactory, pkg: tuple[Path, Path], cloud_factory: CloudFactory
 ) -> None:
     _, package = pkg
     client = await agent(
         aiohttp_client,
         package,
-        [FunctionTransport(LocalCloud(package))],
+        [(await cloud_factory(package)).transport()],
         queue=QueueConfig(max_body_bytes=2048),
     )
     resp = await client.post("/v1/infer", data=npy(np.zeros((64, 16), np.float32)))
@@ -260,19 +265,19 @@ async def test_cloud_down_answers_locally_and_says_so(
 
 
 async def test_a_full_queue_refuses_at_once(
-    aiohttp_client: ClientFactory, pkg: tuple[Path, Path]
+    aiohttp_client: ClientFactory, pkg: tuple[Path, Path], cloud_factory: CloudFactory
 ) -> None:
     _, package = pkg
-    cloud = LocalCloud(package)
+    cloud = await cloud_factory(package)
     gate = asyncio.Event()
     arrived = asyncio.Event()
 
     async def held(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
         if method == "GET":
-            return cloud(method, path, body, headers)
+            return await cloud(method, path, body, headers)
         arrived.set()
         await gate.wait()
-        return cloud(method, path, body, headers)
+        return await cloud(method, path, body, headers)
 
     client = await agent(
         aiohttp_client,
@@ -301,11 +306,11 @@ async def test_a_full_queue_refuses_at_once(
 
 
 async def test_health_status_and_metrics(
-    aiohttp_client: ClientFactory, pkg: tuple[Path, Path]
+    aiohttp_client: ClientFactory, pkg: tuple[Path, Path], cloud_factory: CloudFactory
 ) -> None:
     _, package = pkg
     client = await agent(
-        aiohttp_client, package, [FunctionTransport(LocalCloud(package, load=0.9))]
+        aiohttp_client, package, [(await cloud_factory(package, load=0.9)).transport()]
     )
     assert await (await client.get("/healthz")).text() == "ok"
     await client.post("/v1/infer", data=npy(np.ones((1, 16), np.float32)))
@@ -332,21 +337,17 @@ async def test_health_status_and_metrics(
 
 
 async def test_http_transport_over_loopback_with_failover(
-    aiohttp_server: Callable[..., Any], pkg: tuple[Path, Path]
+    aiohttp_server: Callable[..., Any], pkg: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """Two real HTTP endpoints; one goes away mid-run; no request is lost."""
+    """Two real cloud-service apps on loopback; one goes away mid-run; no request is lost."""
     src, package = pkg
-    cloud = LocalCloud(package)
+    repo = repository_for(package, tmp_path / "repo")
+    engines: list[Engine] = []
 
     def app() -> web.Application:
-        async def handle(request: web.Request) -> web.Response:
-            body = await request.read()
-            reply = cloud(request.method, request.path, body, dict(request.headers))
-            return web.Response(status=reply.status, body=reply.body, headers=dict(reply.headers))
-
-        a = web.Application()
-        a.router.add_route("*", "/{tail:.*}", handle)
-        return a
+        cfg = ServiceConfig(repository=str(repo), no_auth=True, warmup=False)
+        engines.append(Engine(cfg))
+        return build_app(cfg, engine=engines[-1])
 
     servers: list[TestServer] = [await aiohttp_server(app()) for _ in range(2)]
     urls = [str(s.make_url("")).rstrip("/") for s in servers]
@@ -378,11 +379,20 @@ async def test_http_transport_over_loopback_with_failover(
             await asyncio.gather(*(one() for _ in range(8)))
             status = await (await client.get("/v1/status")).json()
             assert status["endpoints"][urls[1]] == "closed"
-            assert cloud.requests == 16
+            assert sum(served(e.metrics.render()) for e in engines) == 16
         finally:
             await client.close()
     finally:
         await session.close()  # type: ignore[attr-defined]
+
+
+def served(metrics: bytes) -> int:
+    """Inference requests a cloud answered 200, from its /metrics text."""
+    return sum(
+        int(float(line.split()[-1]))
+        for line in metrics.decode().splitlines()
+        if line.startswith("splitinfer_requests_total{") and 'status="200"' in line
+    )
 
 
 def test_timing_header_format() -> None:

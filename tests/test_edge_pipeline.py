@@ -1,4 +1,4 @@
-"""The edge pipeline in process: real segments, real frames, a function-backed cloud."""
+"""The edge pipeline in process: real segments, real frames, the real cloud in process."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from graphs import chain
+from incloud import CloudFactory
 from ortutil import assert_close, run
 
 from splitinfer.edge.config import AdaptConfig, PrivacyConfig, UplinkConfig
@@ -19,10 +20,9 @@ from splitinfer.edge.failover import CloudRefused, CloudUnavailable, Uplink
 from splitinfer.edge.model import load_model
 from splitinfer.edge.payload import BadInput
 from splitinfer.edge.pipeline import Pipeline, server_seconds
-from splitinfer.edge.testing import LocalCloud
 from splitinfer.edge.transport import FunctionTransport, Reply, TransportError
 from splitinfer.partitioner.pipeline import PackageExtras, artifacts_for, prepare, write_package
-from splitinfer.shared.auth import CredentialStore, Verifier, generate_credential, sign
+from splitinfer.shared.auth import CredentialStore, generate_credential, sign
 from splitinfer.shared.codecs import dequantize, quantize
 from splitinfer.shared.errors import ConfigError, OverloadError
 from splitinfer.shared.frame import Limits, decode_request
@@ -83,7 +83,7 @@ def int8_pkg(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def make(
     pkg: Path,
-    transports: list[FunctionTransport] | None,
+    transports: list[Any] | None,
     clock: FakeClock | None = None,
     **kwargs: object,
 ) -> Pipeline:
@@ -102,10 +102,10 @@ def feeds(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("cut", ["c2", "c0", "c3"])
 @pytest.mark.parametrize("batch", [1, 3])
 async def test_every_cut_equals_the_unsplit_model(
-    raw_pkg: tuple[Path, Path], cut: str, batch: int
+    raw_pkg: tuple[Path, Path], cut: str, batch: int, cloud_factory: CloudFactory
 ) -> None:
     src, pkg = raw_pkg
-    cloud = FunctionTransport(LocalCloud(pkg, load=0.25), "a")
+    cloud = (await cloud_factory(pkg, load=0.25)).transport("a")
     pipe = make(pkg, [cloud])
     x = feeds(batch, seed=batch)
     result = await pipe.infer(x, cut=cut)
@@ -130,10 +130,10 @@ async def test_every_cut_equals_the_unsplit_model(
 
 
 async def test_the_default_cut_is_used_and_int8_matches_the_codec_round_trip(
-    int8_pkg: tuple[Path, Path],
+    int8_pkg: tuple[Path, Path], cloud_factory: CloudFactory
 ) -> None:
     src, pkg = int8_pkg
-    pipe = make(pkg, [FunctionTransport(LocalCloud(pkg), "a")])
+    pipe = make(pkg, [(await cloud_factory(pkg)).transport("a")])
     x = feeds(4)
     result = await pipe.infer(x)
     assert result.cut_id == pipe.model.manifest.default_cut == "c2"
@@ -186,13 +186,15 @@ async def test_cloud_down_answers_locally_or_fails_fast(
         await pipe8.infer(x)
 
 
-async def test_failover_to_the_second_endpoint(raw_pkg: tuple[Path, Path]) -> None:
+async def test_failover_to_the_second_endpoint(
+    raw_pkg: tuple[Path, Path], cloud_factory: CloudFactory
+) -> None:
     src, pkg = raw_pkg
 
     def dead(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
         raise TransportError("reset by peer")
 
-    good = FunctionTransport(LocalCloud(pkg), "b")
+    good = (await cloud_factory(pkg)).transport("b")
     pipe = make(pkg, [FunctionTransport(dead, "a"), good])
     x = feeds(1)
     result = await pipe.infer(x)
@@ -202,12 +204,14 @@ async def test_failover_to_the_second_endpoint(raw_pkg: tuple[Path, Path]) -> No
     assert_close(result.outputs, run(src, x))
 
 
-async def test_requests_are_signed_and_a_bad_key_is_refused(raw_pkg: tuple[Path, Path]) -> None:
+async def test_requests_are_signed_and_a_bad_key_is_refused(
+    raw_pkg: tuple[Path, Path], cloud_factory: CloudFactory
+) -> None:
     _, pkg = raw_pkg
     cred = generate_credential("cam-01", "k1")
     clock = FakeClock()
-    verifier = Verifier(CredentialStore([cred]))
-    cloud = FunctionTransport(LocalCloud(pkg, verifier=verifier, wall=lambda: 1.7e9), "a")
+    real = await cloud_factory(pkg, credentials=CredentialStore([cred]), wall=lambda: 1.7e9)
+    cloud = real.transport("a")
     model = load_model(pkg)
 
     def signer(key: object) -> Pipeline:
@@ -229,9 +233,11 @@ async def test_requests_are_signed_and_a_bad_key_is_refused(raw_pkg: tuple[Path,
     assert info.value.status == 401
 
 
-async def test_bad_input_is_refused_before_anything_runs(raw_pkg: tuple[Path, Path]) -> None:
+async def test_bad_input_is_refused_before_anything_runs(
+    raw_pkg: tuple[Path, Path], cloud_factory: CloudFactory
+) -> None:
     _, pkg = raw_pkg
-    cloud = FunctionTransport(LocalCloud(pkg), "a")
+    cloud = (await cloud_factory(pkg)).transport("a")
     pipe = make(pkg, [cloud])
     with pytest.raises(BadInput, match="'x' is missing"):
         await pipe.infer({})
@@ -253,19 +259,21 @@ async def test_a_malformed_answer_is_an_error(raw_pkg: tuple[Path, Path]) -> Non
 
 
 @pytest.mark.slow  # opacus imports torch
-async def test_privacy_noises_the_cut_and_the_budget_sends_work_local(tmp_path: Path) -> None:
+async def test_privacy_noises_the_cut_and_the_budget_sends_work_local(
+    tmp_path: Path, cloud_factory: CloudFactory
+) -> None:
     spec = PrivacySpec(epsilon=2.0, delta=1e-5, clip=1.0, noise_multiplier=2.0)
     src, pkg = build(tmp_path, "p", privacy=spec)
     seen: list[np.ndarray] = []
     manifest = open_package(pkg).manifest
-    cloud = LocalCloud(pkg)
+    cloud = await cloud_factory(pkg)
 
-    def spy(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
+    async def spy(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
         request = decode_request(body, manifest, Limits())
         assert request.privacy.noise_multiplier == 2.0
         assert request.privacy.clip == 1.0
         seen.append(request.tensors[0].array)
-        return cloud(method, path, body, headers)
+        return await cloud(method, path, body, headers)
 
     # a budget that allows exactly two releases at z=2
     acc = Accountant("rdp")
@@ -330,12 +338,12 @@ def test_server_timing_header() -> None:
 
 
 async def test_a_request_whose_deadline_passed_in_the_queue_is_refused(
-    raw_pkg: tuple[Path, Path],
+    raw_pkg: tuple[Path, Path], cloud_factory: CloudFactory
 ) -> None:
     _, pkg = raw_pkg
-    cloud = LocalCloud(pkg)
+    cloud = await cloud_factory(pkg)
     clock = FakeClock()
-    pipe = make(pkg, [FunctionTransport(cloud)], clock)
+    pipe = make(pkg, [cloud.transport()], clock)
     with pytest.raises(OverloadError, match="deadline passed") as info:
         await pipe.infer(feeds(1), deadline=clock.t - 0.5)
     assert info.value.http_status == 503
@@ -343,7 +351,7 @@ async def test_a_request_whose_deadline_passed_in_the_queue_is_refused(
 
 
 async def test_cheap_work_skips_the_pool_only_while_nothing_else_computes(
-    raw_pkg: tuple[Path, Path],
+    raw_pkg: tuple[Path, Path], cloud_factory: CloudFactory
 ) -> None:
     src, pkg = raw_pkg
     pooled: list[str] = []
@@ -355,7 +363,7 @@ async def test_cheap_work_skips_the_pool_only_while_nothing_else_computes(
         await gate.wait()
         return fn()
 
-    cloud = FunctionTransport(LocalCloud(pkg), "a")
+    cloud = (await cloud_factory(pkg)).transport("a")
     # the fake clock makes every measured front 0 s: under any threshold
     pipe = make(pkg, [cloud], compute=pool, inline_below_s=0.001)
     x = feeds(2)

@@ -18,12 +18,11 @@ import onnx
 import pytest
 from graphs import chain
 from hostile import closed_within, opened, read_response, request_head
+from incloud import start_cloud
 
 from splitinfer.edge.agent import create_app
 from splitinfer.edge.cli import serve
 from splitinfer.edge.config import EdgeConfig, QueueConfig
-from splitinfer.edge.testing import LocalCloud
-from splitinfer.edge.transport import FunctionTransport
 from splitinfer.partitioner.pipeline import PackageExtras, artifacts_for, prepare, write_package
 from splitinfer.shared.manifest import CodecSpec
 
@@ -54,7 +53,8 @@ async def running(package: Path, **queue: Any) -> AsyncIterator[str]:
         listen="127.0.0.1:0",
         queue=QueueConfig(**queue),
     )
-    app = create_app(cfg, transports=[FunctionTransport(LocalCloud(package))], warm_up=False)
+    cloud = await start_cloud(package)
+    app = create_app(cfg, transports=[cloud.transport()], warm_up=False)
     stop = asyncio.Event()
     urls: list[str] = []
     task = asyncio.create_task(serve(cfg, stop, started=urls.append, app=app))
@@ -67,6 +67,7 @@ async def running(package: Path, **queue: Any) -> AsyncIterator[str]:
     finally:
         stop.set()
         await task
+        await cloud.stop()
 
 
 def npy(array: np.ndarray) -> bytes:

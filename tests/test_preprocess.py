@@ -487,14 +487,16 @@ ClientFactory = Callable[..., Any]
 
 
 async def _agent(aiohttp_client: ClientFactory, package: Path) -> Any:
+    from incloud import start_cloud
+
     from splitinfer.edge.agent import create_app
     from splitinfer.edge.config import EdgeConfig
-    from splitinfer.edge.testing import LocalCloud
-    from splitinfer.edge.transport import FunctionTransport
 
     cfg = EdgeConfig(package=package, cloud=("http://cloud.invalid:1",))
-    transports = [FunctionTransport(LocalCloud(package))]
-    return await aiohttp_client(create_app(cfg, transports=transports, warm_up=False))
+    cloud = await start_cloud(package)
+    app = create_app(cfg, transports=[cloud.transport()], warm_up=False)
+    app.on_cleanup.append(lambda _: cloud.stop())  # the real cloud stops with the agent
+    return await aiohttp_client(app)
 
 
 async def _post(client: Any, body: bytes, ctype: str) -> tuple[int, bytes]:
