@@ -36,7 +36,7 @@ lint: $(STAMP)
 # *is* the package; mypy does not follow setuptools' editable import hook).
 typecheck: $(STAMP)
 	@mkdir -p build/typecheck && ln -sfn ../.. build/typecheck/splitinfer
-	MYPYPATH=build/typecheck $(BIN)/mypy -p splitinfer.shared -p splitinfer.partitioner \
+	MYPYPATH=build/typecheck $(BIN)/mypy -p splitinfer.shared -p splitinfer.serving -p splitinfer.partitioner \
 		-p splitinfer.edge -p splitinfer.cloud -p splitinfer.sim -p splitinfer.models -m splitinfer.demo
 
 pytest: $(STAMP)

@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.overload import RateLimiter
+from splitinfer.serving.body import BodyBudget, BodyTooLarge, read_body
 from splitinfer.shared.auth import HEADER_DEVICE, CredentialStore, Verifier
 from splitinfer.shared.contract import BodyStream
 from splitinfer.shared.errors import ConfigError, ProtocolError
 from splitinfer.shared.nonces import NonceStore, RedisNonces
-from splitinfer.shared.serving import BodyBudget, BodyTooLarge, read_body
 
 
 class Guard:

@@ -33,6 +33,7 @@ from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.engine import DEFAULT_PRIORITY, Engine
 from splitinfer.cloud.guard import Guard
 from splitinfer.cloud.metrics import UNKNOWN
+from splitinfer.serving.body import ClientGone
 from splitinfer.shared.auth import AuthError, CredentialStore
 from splitinfer.shared.contract import (
     FRAME_TYPE,
@@ -52,7 +53,6 @@ from splitinfer.shared.errors import (
     ProtocolError,
     SplitInferError,
 )
-from splitinfer.shared.serving import ClientGone
 
 log = logging.getLogger("splitinfer.cloud")
 

@@ -6,7 +6,7 @@ end) over an :class:`~splitinfer.cloud.handler.EngineBackend`. What is left
 here is aiohttp's: the engine starts and drains in ``cleanup_ctx``; on
 shutdown aiohttp stops listening, the engine refuses new requests (503),
 requests in flight finish, then the queues drain; and the listening socket,
-behind the connection cap and header timeout of ``shared/serving.py``.
+behind the connection cap and header timeout of ``serving/sockets.py``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from aiohttp import web
 from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.engine import Engine
 from splitinfer.cloud.handler import NO_AUTH_WARNING, CloudHandler, EngineBackend
+from splitinfer.serving.sockets import ConnectionGate, bound_url, listen
 from splitinfer.shared.auth import CredentialStore, server_ssl_context
 from splitinfer.shared.errors import ConfigError
-from splitinfer.shared.serving import ConnectionGate, bound_url, listen
 
 log = logging.getLogger("splitinfer.cloud")
 

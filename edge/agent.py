@@ -55,9 +55,9 @@ from splitinfer.edge.payload import (
 )
 from splitinfer.edge.pipeline import Pipeline, Result
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
+from splitinfer.serving.body import BodyBudget, ClientGone, read_body
 from splitinfer.shared.auth import Credential, CredentialStore, client_ssl_context, sign
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
-from splitinfer.shared.serving import BodyBudget, ClientGone, read_body
 
 log = logging.getLogger(__name__)
 

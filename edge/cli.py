@@ -25,9 +25,9 @@ from typing import Any
 
 from splitinfer import __version__
 from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args, load_toml
+from splitinfer.serving.sockets import ConnectionGate, bound_url, listen
 from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.errors import ConfigError
-from splitinfer.shared.serving import ConnectionGate, bound_url, listen
 
 PROG = "edge-agent"
 LOG_LEVELS = ("debug", "info", "warning", "error")

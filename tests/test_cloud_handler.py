@@ -216,7 +216,7 @@ async def test_the_ray_ingress_reads_starlettes_stream() -> None:
     from starlette.requests import ClientDisconnect
 
     from splitinfer.cloud.scale.ray_serve import StarletteBody
-    from splitinfer.shared.serving import ClientGone, read_body
+    from splitinfer.serving.body import ClientGone, read_body
 
     async def chunks(fail: bool) -> AsyncIterator[bytes]:
         yield b"ab"

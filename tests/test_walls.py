@@ -25,9 +25,10 @@ DOC = ROOT / "docs" / "architecture.md"
 #: room -> the other rooms its code may import
 ALLOWED: dict[str, frozenset[str]] = {
     "shared": frozenset(),
+    "serving": frozenset({"shared"}),
     "partitioner": frozenset({"shared"}),
-    "edge": frozenset({"shared"}),
-    "cloud": frozenset({"shared"}),
+    "edge": frozenset({"shared", "serving"}),
+    "cloud": frozenset({"shared", "serving"}),
     "sim": frozenset({"shared", "edge", "cloud", "partitioner"}),
     "models": frozenset({"shared", "partitioner"}),
 }
