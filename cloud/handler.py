@@ -124,6 +124,35 @@ async def infer_frame(engine: Engine, model: str, body: bytes, device: str, prio
     return frame_reply(served.body, served.version, served.service_s)
 
 
+async def infer_json_on(
+    engine: Engine,
+    model: str,
+    cut_id: str,
+    inputs: Mapping[str, Any],
+    version: str,
+    device: str,
+    priority: int,
+) -> Reply:
+    """The JSON debugging path on ``engine``: the 200 answer (a Ray replica's too)."""
+    outputs, served = await engine.infer_arrays(
+        model, cut_id, inputs, version=version, device=device, priority=priority
+    )
+    doc = {"outputs": outputs, "model_version": served}
+    # a large answer takes a while to write: off the loop, so others are not stalled
+    text = await asyncio.get_running_loop().run_in_executor(None, json_answer, doc)
+    return Reply(200, {**JSON_HEADERS, HEADER_VERSION: served}, text.encode())
+
+
+def readiness_doc(ready: bool, status: Mapping[str, Any]) -> dict[str, Any]:
+    """``GET /readyz``'s body from a ``GET /v1/models`` status."""
+    return {
+        "ready": ready,
+        "models": {
+            m["name"]: {"ready": m["ready"], "versions": m["versions"]} for m in status["models"]
+        },
+    }
+
+
 def json_reply(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Reply:
     return Reply(status, {**JSON_HEADERS, **(headers or {})}, json_answer(data).encode())
 
@@ -382,15 +411,7 @@ class EngineBackend:
         )
 
     async def infer(self, model: str, body: bytes, device: str, priority: int) -> Reply:
-        return await self.infer_on(self.engine, model, body, device, priority)
-
-    @staticmethod
-    async def infer_on(
-        engine: Engine, model: str, body: bytes, device: str, priority: int
-    ) -> Reply:
-        """A frame on ``engine``: the 200 answer (also what a Ray replica answers)."""
-        served = await engine.infer(model, body, device=device, priority=priority)
-        return frame_reply(served.body, served.version, served.service_s)
+        return await infer_frame(self.engine, model, body, device, priority)
 
     async def infer_json(
         self,
@@ -401,15 +422,9 @@ class EngineBackend:
         device: str,
         priority: int,
     ) -> Reply:
-        engine = self.engine
         if not cut_id:
-            cut_id = engine.registry.route(model, version, device).manifest.default_cut
-        outputs, served = await engine.infer_arrays(
-            model, cut_id, inputs, version=version, device=device, priority=priority
-        )
-        doc = {"outputs": outputs, "model_version": served}
-        text = await asyncio.get_running_loop().run_in_executor(None, json_answer, doc)
-        return Reply(200, {**JSON_HEADERS, HEADER_VERSION: served}, text.encode())
+            cut_id = self.engine.registry.route(model, version, device).manifest.default_cut
+        return await infer_json_on(self.engine, model, cut_id, inputs, version, device, priority)
 
     async def reload(self) -> dict[str, Any]:
         return await self.engine.reload(force=True)
@@ -430,13 +445,7 @@ class EngineBackend:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         engine = self.engine
-        doc: dict[str, Any] = {
-            "ready": engine.ready,
-            "models": {
-                m["name"]: {"ready": m["ready"], "versions": m["versions"]}
-                for m in engine.registry.status()["models"]
-            },
-        }
+        doc = readiness_doc(engine.ready, engine.registry.status())
         if engine.closing:
             doc["closing"] = True
         return engine.ready, doc

@@ -93,7 +93,7 @@ class FunctionTransport:
 Signer = Callable[[str, str, bytes, str], Mapping[str, str]]
 
 
-class HandlerTransport:
+class HandlerTransport(FunctionTransport):
     """A transport that calls a :data:`~splitinfer.shared.contract.ServiceHandler` in process.
 
     The request goes to the handler as a server would pass it (raw path,
@@ -106,37 +106,21 @@ class HandlerTransport:
 
     def __init__(
         self,
-        handler: ServiceHandler,
+        service: ServiceHandler,
         name: str = "http://in-process",
         signer: Signer | None = None,
         remote: str = "127.0.0.1",
     ) -> None:
-        self.handler = handler
-        self.name = name.rstrip("/")
-        self.calls = 0
+        super().__init__(self._send, name.rstrip("/"))
+        self.service = service
         self._signer = signer
         self._remote = remote
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        timeout_s: float,
-    ) -> Reply:
-        self.calls += 1
+    async def _send(self, method: str, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
         sent = {**headers, "Content-Length": str(len(body))}
         if self._signer is not None and method == "POST":
             sent.update(self._signer(method, path, body, self.name))
-        try:
-            return await asyncio.wait_for(
-                self.handler(method, path, sent, BytesBody(body), self._remote), timeout_s
-            )
-        except TimeoutError:
-            raise TransportError(
-                f"{self.name}: no answer in {timeout_s:.3g} s", timeout=True
-            ) from None
+        return await self.service(method, path, sent, BytesBody(body), self._remote)
 
 
 def make_session(

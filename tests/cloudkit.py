@@ -154,3 +154,22 @@ def policy(**kw: object) -> ModelPolicy:
 
 def load(repo: Path, name: str, version: str) -> Manifest:
     return load_manifest(repo / name / version)
+
+
+def coded_frame(repo: Path, codec: int, model: str = "chain") -> bytes:
+    """A request frame for the default cut of ``repo/model/1`` with every tensor in ``codec``
+    (int8 ones quantized with the cut's calibrated parameters where it has them)."""
+    from splitinfer.shared.codecs import QuantParams
+    from splitinfer.shared.package import quant_params
+
+    m = load_manifest(repo / model / "1")
+    cut = m.find_cut(m.default_cut)
+    assert cut is not None
+    tensors = []
+    for spec in cut.tensors:
+        x = np.random.default_rng(3).standard_normal((1, 4)).astype(np.float32)
+        q = quant_params(cut, spec.name)
+        ref = q is not None
+        q = q or QuantParams((float(np.abs(x).max()) / 127,), (0,))
+        tensors.append(WireTensor(spec.name, x, codec, q if codec != RAW else None, ref))
+    return encode_request(Request("r1", model, "", cut.id, tuple(tensors)))

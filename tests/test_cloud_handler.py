@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cloudkit import DEVICE, chain_repo, config, credentials_file, frame
+from cloudkit import DEVICE, chain_repo, coded_frame, config, credentials_file, frame
 
 from splitinfer.cloud.engine import Engine
 from splitinfer.cloud.handler import CloudHandler, EngineBackend
@@ -32,7 +32,7 @@ from splitinfer.cloud.scale.routing import (
     reply_for,
 )
 from splitinfer.shared.auth import CredentialStore, sign
-from splitinfer.shared.codecs import INT8_ZSTD, RAW, QuantParams
+from splitinfer.shared.codecs import INT8_ZSTD, RAW
 from splitinfer.shared.contract import (
     FRAME_TYPE,
     HEADER_VERSION,
@@ -40,9 +40,7 @@ from splitinfer.shared.contract import (
     Reply,
     error_message,
 )
-from splitinfer.shared.frame import Request, WireTensor, encode_request
 from splitinfer.shared.manifest import load_manifest
-from splitinfer.shared.package import quant_params
 
 pytestmark = pytest.mark.integration
 
@@ -108,22 +106,6 @@ def signed(body: bytes, path: str = INFER, **headers: str) -> dict[str, str]:
 def good_frame(repo: Path) -> bytes:
     m = load_manifest(repo / "chain" / "1")
     return frame(m, {"x": np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)})
-
-
-def coded_frame(repo: Path, codec: int) -> bytes:
-    """A request frame for the default cut with every tensor in ``codec``."""
-    m = load_manifest(repo / "chain" / "1")
-    cut = m.find_cut(m.default_cut)
-    assert cut is not None
-    assert cut.codec.name == "int8+zstd"
-    tensors = []
-    for spec in cut.tensors:
-        x = np.random.default_rng(3).standard_normal((1, 4)).astype(np.float32)
-        q = quant_params(cut, spec.name)
-        ref = q is not None
-        q = q or QuantParams((float(np.abs(x).max()) / 127,), (0,))
-        tensors.append(WireTensor(spec.name, x, codec, q if codec != RAW else None, ref))
-    return encode_request(Request("r1", "chain", "", cut.id, tuple(tensors)))
 
 
 @pytest.mark.parametrize("kind", ["engine", "replicas"])

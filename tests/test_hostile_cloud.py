@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-from cloudkit import DEVICE, OTHER, chain_repo, config, credentials_file, frame
+from cloudkit import DEVICE, OTHER, chain_repo, coded_frame, config, credentials_file, frame
 from hostile import closed_within, opened, read_response, request_head
 
 from splitinfer.cloud.server import serve
@@ -378,25 +378,6 @@ async def test_the_edge_transport_signs_for_the_endpoint_it_sends_to(
 # -- 6. the smaller ones at the cloud -------------------------------------------------------
 
 
-def _coded_frame(repo: Path, codec: int) -> bytes:
-    """A request frame for the default cut with every tensor in ``codec``."""
-    from splitinfer.shared.codecs import QuantParams
-    from splitinfer.shared.frame import Request, WireTensor, encode_request
-    from splitinfer.shared.package import quant_params
-
-    m = load_manifest(repo / "chain" / "1")
-    cut = m.find_cut(m.default_cut)
-    assert cut is not None
-    tensors = []
-    for spec in cut.tensors:
-        x = np.random.default_rng(3).standard_normal((1, 4)).astype(np.float32)
-        q = quant_params(cut, spec.name)
-        ref = q is not None
-        q = q or QuantParams((float(np.abs(x).max()) / 127,), (0,))
-        tensors.append(WireTensor(spec.name, x, codec, q if codec != 1 else None, ref))
-    return encode_request(Request("r1", "chain", "", cut.id, tuple(tensors)))
-
-
 async def test_a_raw_frame_where_the_manifest_says_int8_zstd_is_400(
     built: Path, creds: Path
 ) -> None:
@@ -406,7 +387,7 @@ async def test_a_raw_frame_where_the_manifest_says_int8_zstd_is_400(
     cut = m.find_cut(m.default_cut)
     assert cut is not None
     assert cut.codec.name == "int8+zstd"
-    raw, coded = _coded_frame(built, RAW), _coded_frame(built, INT8_ZSTD)
+    raw, coded = coded_frame(built, RAW), coded_frame(built, INT8_ZSTD)
     async with running(built, creds, accept_raw=False) as url:
         status, text = await post(url, raw, signed(raw))
         assert status == 400

@@ -39,17 +39,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from splitinfer.cloud.config import ModelPolicy, ServiceConfig
 from splitinfer.cloud.engine import Engine
 from splitinfer.cloud.handler import (
-    JSON_HEADERS,
     auth_kind,
     infer_frame,
-    json_answer,
+    infer_json_on,
+    readiness_doc,
     reply_of,
 )
 from splitinfer.cloud.metrics import UNKNOWN
 from splitinfer.cloud.repository import HashCache, scan, select_versions
 from splitinfer.cloud.traffic import choose_version, stable_draw
 from splitinfer.shared.auth import AuthError
-from splitinfer.shared.contract import HEADER_VERSION, SERVER_TIMING, Reply
+from splitinfer.shared.contract import SERVER_TIMING, Reply
 from splitinfer.shared.errors import ConfigError, ModelNotFoundError, OverloadError, ProtocolError
 from splitinfer.shared.frame import peek_request
 
@@ -283,12 +283,9 @@ async def infer_json_reply(
 ) -> Reply:
     """``POST /v1/models/{model}/infer.json`` on one replica's engine (``data`` checked)."""
     version = next(iter(engine.registry.model(model).serving))
-    outputs, served = await engine.infer_arrays(
-        model, data["cut_id"], data["inputs"], version=version, device=device, priority=priority
+    return await infer_json_on(
+        engine, model, data["cut_id"], data["inputs"], version, device, priority
     )
-    doc = {"outputs": outputs, "model_version": served}
-    text = await asyncio.get_running_loop().run_in_executor(None, json_answer, doc)
-    return Reply(200, {**JSON_HEADERS, HEADER_VERSION: served}, text.encode())
 
 
 #: ``call(model, key, method, *args)``: a replica holding ``key`` runs ``method``.
@@ -375,14 +372,7 @@ class ReplicaBackend:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         ready = self.table.ready
-        doc = {
-            "ready": ready,
-            "models": {
-                m["name"]: {"ready": m["ready"], "versions": m["versions"]}
-                for m in self.table.status()["models"]
-            },
-        }
-        return ready, doc
+        return ready, readiness_doc(ready, self.table.status())
 
     def metrics(self) -> Reply:
         return Reply(200, {"Content-Type": CONTENT_TYPE_LATEST}, generate_latest(self.registry))
