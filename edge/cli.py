@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from splitinfer import __version__
-from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args, load_toml
+from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args
 from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.options import load_toml
 from splitinfer.shared.serving import ConnectionGate, bound_url, listen
 
 PROG = "edge-agent"
