@@ -424,12 +424,15 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     options.add_flags(parser, EdgeConfig, "agent")
 
 
-def config_from_args(args: argparse.Namespace, base: Mapping[str, Any] | None = None) -> EdgeConfig:
-    """Flags over the file's values (``base``, TOML-shaped) over the defaults."""
+def config_from_args(
+    args: argparse.Namespace, base: Mapping[str, Any] | None = None, src: str = "options"
+) -> EdgeConfig:
+    """Flags over the file's values (``base``, TOML-shaped) over the defaults; an error
+    names ``src`` (the file, or "options")."""
     data: dict[str, Any] = {
         k: (dict(v) if isinstance(v, Mapping) else v) for k, v in (base or {}).items()
     }
-    return config_from_mapping(options.merge_flags(data, args, EdgeConfig), "options")
+    return config_from_mapping(options.merge_flags(data, args, EdgeConfig), src)
 
 
 def sections() -> Sequence[str]:

@@ -425,7 +425,7 @@ def add_flags(
         if opt.flag is None:
             continue
         spec = opt.spec
-        text = spec.help
+        text = spec.help[:-1] if spec.help.endswith(".") and spec.help[-2:] != ".." else spec.help
         if opt.base is bool:
             text += " (default on)" if opt.default is True else ""
         elif opt.default not in (None, (), "", _MISSING):
