@@ -333,18 +333,24 @@ def set_key(data: dict[str, Any], assignment: str) -> None:
 def build(cls: type[T], data: Mapping[str, Any], where: str | None = "config") -> T:
     """``cls`` from a TOML-shaped mapping: top-level keys plus ``[section]`` tables.
 
-    An unknown key, a wrong type, a missing required option or a value its class
-    refuses is a ConfigError of one line, prefixed with ``where`` (the file, or
-    "options" for flags).
+    An unknown key, a wrong type or a missing required option is a ConfigError of
+    one line prefixed with ``where`` (the file, or "options" for flags); a value its
+    class refuses is the class's own message, which names the option and the value.
     """
     try:
         if not isinstance(data, Mapping):
             raise ConfigError(f"expected a table, not {data!r}")
         return _build(cls, data, None)
+    except _Refused as exc:
+        raise ConfigError(str(exc)) from exc.__cause__
     except ConfigError as exc:
         if where is None:
             raise
         raise ConfigError(f"{where}: {exc}") from exc
+
+
+class _Refused(ConfigError):
+    """A value the class itself refused (its message is already complete)."""
 
 
 def _build(cls: type[T], data: Mapping[str, Any], section: str | None) -> T:
@@ -372,10 +378,12 @@ def _build(cls: type[T], data: Mapping[str, Any], section: str | None) -> T:
             raise ConfigError(f"{opt.key}: missing; {give}")
     try:
         return cls(**kwargs)
+    except _Refused:
+        raise
     except ConfigError as exc:
         if section and not str(exc).startswith(f"{section}."):
-            raise ConfigError(f"[{section}] {exc}") from exc
-        raise
+            raise _Refused(f"[{section}] {exc}") from exc
+        raise _Refused(str(exc)) from exc
 
 
 # -- flags ------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def test_one_definition_gives_toml_keys_flags_and_types() -> None:
         ({"where": "w", "count": "3"}, "config: count: '3' is not a int"),
         ({"where": "w", "count": True}, "config: count: True is not a int"),
         ({"where": "w", "inner": {"names": [1]}}, "inner.names: [1] is not a list of strings"),
-        ({"where": "w", "count": 0}, "config: count=0: must be an integer >= 1"),
+        ({"where": "w", "count": 0}, "count=0: must be an integer >= 1"),
         ({"where": "w", "inner": {"rate": -1}}, "inner.rate=-1.0: must be a finite number >= 0"),
         ({"where": "w", "inner": {"mode": "c"}}, "inner.mode='c': give one of a, b"),
     ],
@@ -94,6 +94,9 @@ def test_bad_values_are_one_line_errors_naming_the_key(data: dict, message: str)
         build(Outer, data)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+    # a key the loader rejects says where it came from; a value the class refuses is
+    # the class's own message, which names the option and the value
+    assert str(info.value).startswith("config: ") == ("=" not in message)
 
 
 def test_flags_are_typed_and_bools_negatable() -> None:
