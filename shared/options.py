@@ -452,7 +452,7 @@ def add_flags(
         elif spec.repeat:
             target.add_argument(*names, action="append", metavar=opt.metavar, **kw)
         else:
-            if spec.choices:
+            if spec.choices and opt.base is not tuple:  # a list is checked by check()
                 kw["choices"] = spec.choices
             target.add_argument(*names, type=_converter(opt), metavar=opt.metavar, **kw)
 
