@@ -23,60 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from splitinfer import __version__
-from splitinfer.cloud.config import (
-    SECTIONS,
-    ServiceConfig,
-    apply_override,
-    build_config,
-    load_toml,
-    scalar_fields,
-)
+from splitinfer.cloud.config import ServiceConfig, build_config
 from splitinfer.cloud.server import serve
 from splitinfer.shared.cli import ArgumentParser, run_cli
-from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.options import add_flags, load_toml, merge_flags, set_key
 
 PROG = "cloud-service"
-_METAVARS = {
-    "repository": "DIR",
-    "listen": "HOST:PORT",
-    "credentials": "FILE",
-    "tls_cert": "FILE",
-    "tls_key": "FILE",
-    "trt_cache_dir": "DIR",
-    "log_level": "LEVEL",
-}
-
-
-def _flag(f: dataclasses.Field[Any]) -> str:
-    return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
-
-
-def _add(group: argparse._ArgumentGroup, f: dataclasses.Field[Any], dest: str) -> None:
-    default = f.default
-    help_text = f"{f.metadata['help']} (default: {_shown(default)})"
-    if isinstance(default, bool):
-        action: Any = "store_true" if default is False else argparse.BooleanOptionalAction
-        group.add_argument(
-            _flag(f), dest=dest, action=action, default=argparse.SUPPRESS, help=help_text
-        )
-        return
-    kind: Any = str
-    metavar = _METAVARS.get(f.name, "VALUE")
-    if isinstance(default, int):
-        kind, metavar = int, "N"
-    elif isinstance(default, float):
-        kind, metavar = float, "X"
-    elif isinstance(default, tuple):
-        metavar = "A,B,..."
-    group.add_argument(
-        _flag(f), dest=dest, type=kind, metavar=metavar, default=argparse.SUPPRESS, help=help_text
-    )
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, tuple):
-        return ",".join(value)
-    return repr(value) if value == "" else str(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,13 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--print-config", action="store_true", help="print the effective config as JSON and exit"
     )
     p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
-    service = p.add_argument_group("service")
-    for f in scalar_fields(ServiceConfig):
-        _add(service, f, f.name)
-    for section, cls in SECTIONS.items():
-        group = p.add_argument_group(section)
-        for f in scalar_fields(cls):
-            _add(group, f, f"{section}.{f.name}")
+    add_flags(p, ServiceConfig, "service")
     return p
 
 
@@ -111,15 +57,8 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     """Defaults, then the config file, then ``--set``, then the flags."""
     data: dict[str, Any] = load_toml(args.config) if args.config else {}
     for assignment in args.set:
-        apply_override(data, assignment)
-    for dest, value in vars(args).items():
-        if dest in ("config", "set", "print_config"):
-            continue
-        section, _, name = dest.rpartition(".")
-        target = data.setdefault(section, {}) if section else data
-        if not isinstance(target, dict):
-            raise ConfigError(f"[{section}] must be a table")
-        target[name] = list(value.split(",")) if section and name == "providers" else value
+        set_key(data, assignment)
+    merge_flags(data, args, ServiceConfig)
     return build_config(data, where=str(args.config) if args.config else "options")
 
 

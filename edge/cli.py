@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from splitinfer import __version__
-from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args, load_toml
+from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args
 from splitinfer.serving.sockets import ConnectionGate, bound_url, listen
 from splitinfer.shared.cli import ArgumentParser, run_cli
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.options import load_toml
 
 PROG = "edge-agent"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -75,7 +76,7 @@ def resolve(argv: Sequence[str] | None) -> tuple[EdgeConfig, argparse.Namespace]
     """The daemon's config from the command line (and its --config file)."""
     args = build_parser().parse_args(argv)
     base = load_toml(args.config) if args.config is not None else {}
-    config = config_from_args(args, base)
+    config = config_from_args(args, base, str(args.config) if args.config else "options")
     if not config.cloud:
         raise ConfigError(
             "no cloud endpoint: give --cloud URL[,URL...] (or cloud = [...] in --config)"

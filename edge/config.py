@@ -1,26 +1,29 @@
 """The edge agent's configuration: frozen dataclasses, a TOML file, and flags.
 
-Every option is defined once, here, with a one-line docstring comment. The
-``edge-agent`` command line is generated from these classes (``--runtime-provider``
-for ``runtime.provider``), a TOML ``--config`` file sets the same names
-(``[runtime] provider = "cuda"``), and flags override the file. Each class
-checks its values in ``__post_init__`` and names the value and the fix.
+Every option is defined once, here, as an :func:`~splitinfer.shared.options.option`
+field with its help. The ``edge-agent`` command line is generated from these
+classes (``--runtime-provider`` for ``runtime.provider``), a TOML ``--config``
+file sets the same names (``[runtime] provider = "cuda"``), flags override the
+file, and docs/edge-agent.md's reference table is rendered from them
+(:mod:`splitinfer.shared.options`). Each class checks its values in
+``__post_init__`` and names the value and the fix.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
-import types
-import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from splitinfer.shared import options
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.options import build, load_toml, option, section
+
+__all__ = ["EdgeConfig", "add_flags", "config_from_args", "config_from_mapping", "load_toml"]
 
 PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
 ON_EXHAUSTED = ("local", "refuse")
@@ -41,30 +44,35 @@ def _at_least(where: str, value: int, low: int, fix: str) -> None:
 class RuntimeConfig:
     """Which ONNX Runtime execution provider runs the segments, and how."""
 
-    #: auto (TensorRT on Jetson, CUDA where present, else CPU), cpu, cuda or tensorrt.
-    provider: str = "auto"
-    #: Intra-op threads of each session; 0 lets ONNX Runtime decide.
-    threads: int = 0
-    #: Let ONNX Runtime's idle intra-op threads spin (lower latency for the segment, but
-    #: they burn the cores the agent encodes on right after each run).
-    spin: bool = False
-    #: CUDA device index for the cuda and tensorrt providers.
-    gpu: int = 0
-    #: Folder of the TensorRT engine cache (default: $STATE_DIRECTORY/trt-cache, else
-    #: ~/.cache/splitinfer/trt).
-    trt_cache_dir: Path | None = None
-    #: Let TensorRT use fp16 kernels.
-    trt_fp16: bool = True
-    #: Let TensorRT run the int8 (Q/DQ) segments in int8.
-    trt_int8: bool = True
-    #: TensorRT builder workspace, MiB.
-    trt_workspace_mb: int = 1024
-    #: Check every package file against its sha256 at start.
-    verify: bool = True
-    #: Emulate a slower device (tests, netsim): a built-in edge profile name or a measured
-    #: profile JSON, as partition --edge-profile reads; each edge segment run is stretched
-    #: to the profile's time for its nodes. Unset: off.
-    emulate_device: str | None = None
+    provider: str = option(
+        "auto",
+        "auto (TensorRT on Jetson, CUDA where present, else CPU), cpu, cuda or tensorrt.",
+        metavar="auto|cpu|cuda|tensorrt",
+    )
+    threads: int = option(0, "Intra-op threads of each session; 0 lets ONNX Runtime decide.")
+    spin: bool = option(
+        False,
+        "Let ONNX Runtime's idle intra-op threads spin (lower latency for the segment, but they "
+        "burn the cores the agent encodes on right after each run).",
+    )
+    gpu: int = option(0, "CUDA device index for the cuda and tensorrt providers.")
+    trt_cache_dir: Path | None = option(
+        None,
+        "Folder of the TensorRT engine cache (default: $STATE_DIRECTORY/trt-cache, else "
+        "~/.cache/splitinfer/trt).",
+        metavar="DIR",
+    )
+    trt_fp16: bool = option(True, "Let TensorRT use fp16 kernels.")
+    trt_int8: bool = option(True, "Let TensorRT run the int8 (Q/DQ) segments in int8.")
+    trt_workspace_mb: int = option(1024, "TensorRT builder workspace, MiB.")
+    verify: bool = option(True, "Check every package file against its sha256 at start.")
+    emulate_device: str | None = option(
+        None,
+        "Emulate a slower device (tests, netsim): a built-in edge profile name or a measured "
+        "profile JSON, as partition --edge-profile reads; each edge segment run is stretched to "
+        "the profile's time for its nodes. Unset: off.",
+        metavar="PROFILE",
+    )
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -85,31 +93,38 @@ class RuntimeConfig:
 class UplinkConfig:
     """How frames travel to the cloud: timeouts, retries, failover, health checks."""
 
-    #: Seconds one attempt may take (capped by the request's deadline).
-    timeout_s: float = 5.0
-    #: Seconds to open a connection.
-    connect_timeout_s: float = 2.0
-    #: Connections open at once, over all endpoints (requests beyond wait for one).
-    max_connections: int = 8
-    #: Attempts per request over all endpoints, the first included.
-    max_attempts: int = 3
-    #: Base of the jittered exponential backoff between attempts, seconds.
-    backoff_s: float = 0.05
-    #: Largest backoff, seconds.
-    backoff_max_s: float = 1.0
-    #: Consecutive failures that open an endpoint's circuit breaker.
-    breaker_failures: int = 3
-    #: Seconds an open breaker waits before a health check may close it.
-    breaker_reset_s: float = 5.0
-    #: Seconds between health checks (GET /healthz) of the endpoints.
-    health_interval_s: float = 2.0
-    #: Largest response body accepted from the cloud, bytes.
-    max_response_bytes: int = 64 * 2**20
-    #: X-Splitinfer-Priority sent with every request (0..9; unset: the cloud's default, 5).
-    priority: int | None = None
-    #: Bind each signature to its endpoint's URL (auth v2, X-Splitinfer-Audience); turn
-    #: off only to talk to a cloud-service older than auth v2 (docs/auth.md).
-    sign_audience: bool = True
+    timeout_s: float = option(
+        5.0, "Seconds one attempt may take (capped by the request's deadline)."
+    )
+    connect_timeout_s: float = option(2.0, "Seconds to open a connection.")
+    max_connections: int = option(
+        8, "Connections open at once, over all endpoints (requests beyond wait for one)."
+    )
+    max_attempts: int = option(3, "Attempts per request over all endpoints, the first included.")
+    backoff_s: float = option(
+        0.05, "Base of the jittered exponential backoff between attempts, seconds."
+    )
+    backoff_max_s: float = option(1.0, "Largest backoff, seconds.")
+    breaker_failures: int = option(
+        3, "Consecutive failures that open an endpoint's circuit breaker."
+    )
+    breaker_reset_s: float = option(
+        5.0, "Seconds an open breaker waits before a health check may close it."
+    )
+    health_interval_s: float = option(
+        2.0, "Seconds between health checks (GET /healthz) of the endpoints."
+    )
+    max_response_bytes: int = option(
+        64 * 2**20, "Largest response body accepted from the cloud, bytes."
+    )
+    priority: int | None = option(
+        None, "X-Splitinfer-Priority sent with every request (0..9; unset: the cloud's default, 5)."
+    )
+    sign_audience: bool = option(
+        True,
+        "Bind each signature to its endpoint's URL (auth v2, X-Splitinfer-Audience); turn off "
+        "only to talk to a cloud-service older than auth v2 (docs/auth.md).",
+    )
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "connect_timeout_s", "backoff_max_s", "breaker_reset_s"):
@@ -135,38 +150,58 @@ class UplinkConfig:
 class AdaptConfig:
     """Link estimation and run-time cut switching."""
 
-    #: Switch among the package's candidate cuts at run time.
-    enabled: bool = True
-    #: Pin one cut id (switching off); unset: the chooser decides, starting at the default.
-    cut: str | None = None
-    #: A cut must be predicted this fraction faster than the current one to switch to it.
-    hysteresis: float = 0.15
-    #: Requests to stay on a cut before switching again (a change of cloud load excepted).
-    min_dwell: int = 10
-    #: Cloud load (0..1, EWMA) at which the agent counts the cloud as overloaded.
-    load_high: float = 0.8
-    #: Load at which an overloaded cloud counts as clear again.
-    load_low: float = 0.5
-    #: While overloaded, the cloud part of each prediction is multiplied by this.
-    load_factor: float = 4.0
-    #: Without a new answer from the cloud, the load estimate halves every this many seconds.
-    load_half_life_s: float = 30.0
-    #: Predict with this device's measured edge-segment times instead of the package's.
-    measured_edge: bool = True
-    #: Weight of a new sample in the load and edge-time estimates (EWMA), 0..1.
-    alpha: float = 0.2
-    #: Half-life of a transfer's or health check's weight in the link estimate, seconds.
-    link_half_life_s: float = 10.0
-    #: The uplink rate is measured only once an upload of at least this many bytes is seen.
-    min_rate_bytes: int = 8192
-    #: Uplink rate before any transfer is measured (default: the package's planning link,
-    #: else 10mbit), e.g. 5mbit.
-    prior_uplink: str | None = None
-    #: Downlink rate; never measured (answers are small), e.g. 50mbit (default: the
-    #: planning link's, else 50mbit).
-    prior_downlink: str | None = None
-    #: Round trip time before any is measured (default: the planning link's, else 50ms).
-    prior_rtt: str | None = None
+    enabled: bool = option(True, "Switch among the package's candidate cuts at run time.")
+    cut: str | None = option(
+        None,
+        "Pin one cut id (switching off); unset: the chooser decides, starting at the default.",
+        metavar="CUT",
+    )
+    hysteresis: float = option(
+        0.15, "A cut must be predicted this fraction faster than the current one to switch to it."
+    )
+    min_dwell: int = option(
+        10, "Requests to stay on a cut before switching again (a change of cloud load excepted)."
+    )
+    load_high: float = option(
+        0.8, "Cloud load (0..1, EWMA) at which the agent counts the cloud as overloaded."
+    )
+    load_low: float = option(0.5, "Load at which an overloaded cloud counts as clear again.")
+    load_factor: float = option(
+        4.0, "While overloaded, the cloud part of each prediction is multiplied by this."
+    )
+    load_half_life_s: float = option(
+        30.0,
+        "Without a new answer from the cloud, the load estimate halves every this many seconds.",
+    )
+    measured_edge: bool = option(
+        True, "Predict with this device's measured edge-segment times instead of the package's."
+    )
+    alpha: float = option(
+        0.2, "Weight of a new sample in the load and edge-time estimates (EWMA), 0..1."
+    )
+    link_half_life_s: float = option(
+        10.0, "Half-life of a transfer's or health check's weight in the link estimate, seconds."
+    )
+    min_rate_bytes: int = option(
+        8192, "The uplink rate is measured only once an upload of at least this many bytes is seen."
+    )
+    prior_uplink: str | None = option(
+        None,
+        "Uplink rate before any transfer is measured (default: the package's planning link, else "
+        "10mbit), e.g. 5mbit.",
+        metavar="RATE",
+    )
+    prior_downlink: str | None = option(
+        None,
+        "Downlink rate; never measured (answers are small), e.g. 50mbit (default: the planning "
+        "link's, else 50mbit).",
+        metavar="RATE",
+    )
+    prior_rtt: str | None = option(
+        None,
+        "Round trip time before any is measured (default: the planning link's, else 50ms).",
+        metavar="DURATION",
+    )
 
     def __post_init__(self) -> None:
         for name in ("hysteresis", "load_high", "load_low"):
@@ -201,29 +236,35 @@ class AdaptConfig:
 class QueueConfig:
     """The local API's admission: bounded work, never an unbounded queue."""
 
-    #: Requests processed at once (segments, encoding, uplink).
-    max_concurrency: int = 4
-    #: Requests waiting beyond those; more are refused with 503 at once.
-    max_queue: int = 64
-    #: Largest request body from an application, bytes (413 beyond).
-    max_body_bytes: int = 64 * 2**20
-    #: Seconds a request may take end to end unless it sends X-Splitinfer-Timeout-Ms.
-    request_timeout_s: float = 10.0
-    #: A request whose own CPU work (edge segment, noise, encode; measured per cut) is
-    #: under this many ms runs it on the event loop when no other request is computing:
-    #: the hop to a worker thread and back costs more than that here. 0: always the pool.
-    inline_below_ms: float = 1.0
-    #: Seconds a new connection to the local API may take to send its first request's
-    #: headers; then it is closed.
-    header_timeout_s: float = 10.0
-    #: Seconds a request body may take to arrive (then 408).
-    body_timeout_s: float = 30.0
-    #: Seconds an idle keep-alive connection (or one sending its next headers) is kept.
-    keepalive_timeout_s: float = 15.0
-    #: Connections to the local API open at once; more get 503 and are closed.
-    max_connections: int = 256
-    #: Request body bytes being read at once over all applications; beyond: 503.
-    max_inflight_bytes: int = 128 * 2**20
+    max_concurrency: int = option(4, "Requests processed at once (segments, encoding, uplink).")
+    max_queue: int = option(64, "Requests waiting beyond those; more are refused with 503 at once.")
+    max_body_bytes: int = option(
+        64 * 2**20, "Largest request body from an application, bytes (413 beyond)."
+    )
+    request_timeout_s: float = option(
+        10.0, "Seconds a request may take end to end unless it sends X-Splitinfer-Timeout-Ms."
+    )
+    inline_below_ms: float = option(
+        1.0,
+        "A request whose own CPU work (edge segment, noise, encode; measured per cut) is under "
+        "this many ms runs it on the event loop when no other request is computing: the hop to a "
+        "worker thread and back costs more than that here. 0: always the pool.",
+    )
+    header_timeout_s: float = option(
+        10.0,
+        "Seconds a new connection to the local API may take to send its first request's headers; "
+        "then it is closed.",
+    )
+    body_timeout_s: float = option(30.0, "Seconds a request body may take to arrive (then 408).")
+    keepalive_timeout_s: float = option(
+        15.0, "Seconds an idle keep-alive connection (or one sending its next headers) is kept."
+    )
+    max_connections: int = option(
+        256, "Connections to the local API open at once; more get 503 and are closed."
+    )
+    max_inflight_bytes: int = option(
+        128 * 2**20, "Request body bytes being read at once over all applications; beyond: 503."
+    )
 
     def __post_init__(self) -> None:
         _at_least("queue.max_concurrency", self.max_concurrency, 1, "e.g. 4")
@@ -256,17 +297,24 @@ class QueueConfig:
 class PrivacyConfig:
     """The per-device privacy budget, for packages that add noise (``manifest.privacy``)."""
 
-    #: Largest epsilon this device may spend per window; unset: no budget is enforced.
-    budget_epsilon: float | None = None
-    #: Window length of the budget, seconds (tumbling).
-    budget_window_s: float = 3600.0
-    #: Delta at which the window's epsilon is measured (default: the package's delta).
-    budget_delta: float | None = None
-    #: Beyond the budget: local (answer from the device's own model) or refuse (429).
-    on_exhausted: str = "local"
-    #: opacus accountant that composes the releases: rdp (about 0.3 ms a charge here) or
-    #: prv (tighter, but about 0.4 s a charge on this CPU: every request would pay it).
-    accountant: str = "rdp"
+    budget_epsilon: float | None = option(
+        None, "Largest epsilon this device may spend per window; unset: no budget is enforced."
+    )
+    budget_window_s: float = option(3600.0, "Window length of the budget, seconds (tumbling).")
+    budget_delta: float | None = option(
+        None, "Delta at which the window's epsilon is measured (default: the package's delta)."
+    )
+    on_exhausted: str = option(
+        "local",
+        "Beyond the budget: local (answer from the device's own model) or refuse (429).",
+        metavar="refuse|local",
+    )
+    accountant: str = option(
+        "rdp",
+        "opacus accountant that composes the releases: rdp (about 0.3 ms a charge here) or prv "
+        "(tighter, but about 0.4 s a charge on this CPU: every request would pay it).",
+        metavar="prv|rdp",
+    )
 
     def __post_init__(self) -> None:
         if self.budget_epsilon is not None:
@@ -286,25 +334,34 @@ class PrivacyConfig:
 class EdgeConfig:
     """Everything ``edge-agent`` runs with."""
 
-    #: The split package folder.
-    package: Path
-    #: Cloud service base URLs, tried in this order (http://host:port or https://...).
-    cloud: tuple[str, ...] = ()
-    #: HOST:PORT of the local API.
-    listen: str = DEFAULT_LISTEN
-    #: TOML credential file holding this device's key (see docs/auth.md).
-    credentials: Path | None = None
-    #: Device id in the credential file (default: the only device in it).
-    device_id: str | None = None
-    #: NAME[:VERSION] to ask the cloud for (default: the package's model, any version).
-    model: str | None = None
-    #: PEM file of the CA that signed the cloud's certificate (default: system CAs).
-    ca_file: Path | None = None
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    uplink: UplinkConfig = field(default_factory=UplinkConfig)
-    adapt: AdaptConfig = field(default_factory=AdaptConfig)
-    queue: QueueConfig = field(default_factory=QueueConfig)
-    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    package: Path = option(help="The split package folder.", metavar="DIR")
+    cloud: tuple[str, ...] = option(
+        (),
+        "Cloud service base URLs, tried in this order (http://host:port or https://...).",
+        metavar="URL[,URL...]",
+    )
+    listen: str = option(DEFAULT_LISTEN, "HOST:PORT of the local API.", metavar="HOST:PORT")
+    credentials: Path | None = option(
+        None, "TOML credential file holding this device's key (see docs/auth.md).", metavar="FILE"
+    )
+    device_id: str | None = option(
+        None, "Device id in the credential file (default: the only device in it).", metavar="ID"
+    )
+    model: str | None = option(
+        None,
+        "NAME[:VERSION] to ask the cloud for (default: the package's model, any version).",
+        metavar="NAME[:VERSION]",
+    )
+    ca_file: Path | None = option(
+        None,
+        "PEM file of the CA that signed the cloud's certificate (default: system CAs).",
+        metavar="F",
+    )
+    runtime: RuntimeConfig = section(RuntimeConfig)
+    uplink: UplinkConfig = section(UplinkConfig)
+    adapt: AdaptConfig = section(AdaptConfig)
+    queue: QueueConfig = section(QueueConfig)
+    privacy: PrivacyConfig = section(PrivacyConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "package", Path(self.package))
@@ -357,199 +414,26 @@ def parse_model(text: str) -> tuple[str, str]:
     return name, version
 
 
-# -- generic mapping of the dataclasses to TOML and flags -------------------------------
-
-_SECTIONS = ("runtime", "uplink", "adapt", "queue", "privacy")
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return rest[0], True
-    return tp, False
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """A TOML value as the field's type; ConfigError naming the key if it does not fit."""
-    base, optional = _unwrap_optional(tp)
-    if value is None and optional:
-        return None
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-    elif base is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif base is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif base is str:
-        if isinstance(value, str):
-            return value
-    elif base is Path:
-        if isinstance(value, Path) or (isinstance(value, str) and value):
-            return Path(value)
-    elif typing.get_origin(base) is tuple:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-    kind = getattr(base, "__name__", str(base))
-    raise ConfigError(f"{where}: {value!r} is not a {kind}")
-
-
-def _section(cls: type, data: Mapping[str, Any], where: str) -> Any:
-    hints = _hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{where}{unknown[0]}: unknown option; known: {', '.join(sorted(known))}")
-    values = {k: _coerce(v, hints[k], f"{where}{k}") for k, v in data.items()}
-    return cls(**values)
-
-
 def config_from_mapping(data: Mapping[str, Any], src: str = "config") -> EdgeConfig:
     """An EdgeConfig from a TOML-shaped mapping (top-level keys plus [section] tables)."""
-    hints = _hints(EdgeConfig)
-    top: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in _SECTIONS:
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{src}: [{key}] must be a table")
-            top[key] = _section(hints[key], value, f"{src}: {key}.")
-        elif key in {f.name for f in dataclasses.fields(EdgeConfig)}:
-            top[key] = _coerce(value, hints[key], f"{src}: {key}")
-        else:
-            raise ConfigError(f"{src}: {key}: unknown option")
-    if "package" not in top:
-        raise ConfigError(f"{src}: package: missing; give --package DIR")
-    return EdgeConfig(**top)
-
-
-def load_toml(path: Path) -> dict[str, Any]:
-    """Read a TOML config file; any problem is a one-line ConfigError naming the file."""
-    import tomllib
-
-    try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot read: {exc.strerror}") from exc
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"--config {path}: not valid TOML: {exc}") from exc
-
-
-def _flag(section: str | None, name: str) -> str:
-    parts = [section, name] if section else [name]
-    return "--" + "-".join(p.replace("_", "-") for p in parts)
-
-
-def _dest(section: str | None, name: str) -> str:
-    return f"{section}__{name}" if section else name
-
-
-def _help(cls: type) -> dict[str, str]:
-    """The ``#:`` comment above each field, as help text."""
-    import inspect
-
-    try:
-        lines = inspect.getsource(cls).splitlines()
-    except (OSError, TypeError):  # pragma: no cover - source always ships with the package
-        return {}
-    out: dict[str, str] = {}
-    pending: list[str] = []
-    for line in lines:
-        s = line.strip()
-        if s.startswith("#:"):
-            pending.append(s[2:].strip())
-        elif ":" in s and pending and not s.startswith(("def ", "@", '"')):
-            out[s.split(":", 1)[0].strip()] = " ".join(pending)
-            pending = []
-        else:
-            pending = []
-    return out
-
-
-_METAVARS: dict[Any, str] = {int: "N", float: "X", str: "TEXT"}
-_NAMED_METAVARS = {
-    "listen": "HOST:PORT",
-    "device_id": "ID",
-    "model": "NAME[:VERSION]",
-    "cut": "CUT",
-    "provider": "auto|cpu|cuda|tensorrt",
-    "prior_uplink": "RATE",
-    "prior_downlink": "RATE",
-    "prior_rtt": "DURATION",
-    "on_exhausted": "refuse|local",
-    "accountant": "prv|rdp",
-    "emulate_device": "PROFILE",
-}
+    return build(EdgeConfig, data, src)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per option of EdgeConfig and its sections; unset flags stay None."""
-    for section, cls in [(None, EdgeConfig), *((s, _hints(EdgeConfig)[s]) for s in _SECTIONS)]:
-        hints, docs = _hints(cls), _help(cls)
-        group = parser.add_argument_group(section or "agent")
-        for f in dataclasses.fields(cls):
-            if f.name in _SECTIONS:
-                continue
-            base, _ = _unwrap_optional(hints[f.name])
-            default = None if f.default is dataclasses.MISSING else f.default
-            text = docs.get(f.name, "")
-            if default not in (None, ()) and base is not bool:
-                text += f" (default {default})"
-            flag, dest = _flag(section, f.name), _dest(section, f.name)
-            if base is bool:
-                group.add_argument(
-                    flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text
-                )
-            else:
-                meta = _NAMED_METAVARS.get(f.name) or _METAVARS.get(base, f.name.upper())
-                group.add_argument(flag, dest=dest, default=None, metavar=meta, help=text)
+    """One flag per option of EdgeConfig and its sections (``--uplink-timeout-s``)."""
+    options.add_flags(parser, EdgeConfig, "agent")
 
 
-def _from_text(text: str, tp: Any, where: str) -> Any:
-    base, _ = _unwrap_optional(tp)
-    if base is int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(f"{where}: {text!r} is not an integer") from None
-    if base is float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigError(f"{where}: {text!r} is not a number") from None
-    return _coerce(text, tp, where)
-
-
-def config_from_args(args: argparse.Namespace, base: Mapping[str, Any] | None = None) -> EdgeConfig:
-    """Flags over the file's values (``base``, TOML-shaped) over the defaults."""
+def config_from_args(
+    args: argparse.Namespace, base: Mapping[str, Any] | None = None, src: str = "options"
+) -> EdgeConfig:
+    """Flags over the file's values (``base``, TOML-shaped) over the defaults; an error
+    names ``src`` (the file, or "options")."""
     data: dict[str, Any] = {
         k: (dict(v) if isinstance(v, Mapping) else v) for k, v in (base or {}).items()
     }
-    for section, cls in [(None, EdgeConfig), *((s, _hints(EdgeConfig)[s]) for s in _SECTIONS)]:
-        hints = _hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.name in _SECTIONS:
-                continue
-            value = getattr(args, _dest(section, f.name), None)
-            if value is None:
-                continue
-            flag = _flag(section, f.name)
-            if not isinstance(value, bool):
-                value = _from_text(value, hints[f.name], flag)
-            if section is None:
-                data[f.name] = value
-            else:
-                data.setdefault(section, {})[f.name] = value
-    return config_from_mapping(data, "options")
+    return config_from_mapping(options.merge_flags(data, args, EdgeConfig), src)
 
 
 def sections() -> Sequence[str]:
-    return _SECTIONS
+    return tuple(options.sections(EdgeConfig))

@@ -86,6 +86,25 @@ def pick_metric(output: Array) -> str:
     return "max_abs"
 
 
+def output_metric(reference: Array) -> str:
+    """The metric whole-model outputs are compared with when cuts and wire codecs are
+    ranked: ``top1`` for ``[batch, classes>1]``, else ``cosine``."""
+    return "top1" if reference.ndim == 2 and reference.shape[1] > 1 else "cosine"
+
+
+def output_agreement(metric: str, reference: Array, got: Array) -> float:
+    """Top-1 agreement of ``got`` with ``reference``, or their mean per-sample cosine
+    similarity (a sample whose norms multiply to 0 counts as agreeing): the score
+    ``partition`` ranks cuts and wire codecs by (see :func:`output_metric`)."""
+    if metric == "top1":
+        return float(np.mean(reference.argmax(axis=1) == got.argmax(axis=1)))
+    r = reference.reshape(reference.shape[0], -1).astype(np.float64)
+    g = got.reshape(got.shape[0], -1).astype(np.float64)
+    den = np.linalg.norm(r, axis=1) * np.linalg.norm(g, axis=1)
+    cos = np.where(den > 0, (r * g).sum(axis=1) / np.maximum(den, 1e-300), 1.0)
+    return float(np.mean(cos))
+
+
 def _score(metric: str, ref: Array, got: Array) -> tuple[float, int]:
     if metric == "max_abs":
         diff = np.abs(ref.astype(np.float64) - got.astype(np.float64))

@@ -223,6 +223,34 @@ def test_auto_only_flags_are_refused_with_a_fixed_cut(
     assert "--candidates go(es) with --split auto" in capsys.readouterr().err
 
 
+def _zero_point_types(path: Path) -> set[int]:
+    model = onnx.load(str(path))
+    inits = {t.name: t.data_type for t in model.graph.initializer}
+    return {inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+
+
+def test_fixed_cut_int8_takes_the_recipe_of_the_edge_profile(
+    zoo_dir: Path, calib: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--split CUT --precision int8 --edge-profile P``: the INT8 recipe ``--split auto``
+    would use for P (TensorRT's symmetric int8 for a Jetson, the CPU's uint8 otherwise)."""
+    base = [str(zoo_dir / "chain.onnx"), "--split", "c2", "--precision", "int8"]
+    base += ["--calibration", str(calib)]
+    recipes = {}
+    for name, profile in (("trt", ["--edge-profile", "jetson-orin-nano"]), ("cpu", [])):
+        out = tmp_path / name
+        assert partition(*base, "-o", str(out), *profile) == 0
+        pkg = open_package(out)
+        assert pkg.manifest.cut.edge is not None
+        recipes[name] = _zero_point_types(pkg.file(pkg.manifest.cut.edge))
+    assert recipes == {"trt": {onnx.TensorProto.INT8}, "cpu": {onnx.TensorProto.UINT8}}
+    fp32 = [str(zoo_dir / "chain.onnx"), "--split", "c2", "-o", str(tmp_path / "x")]
+    assert main([*fp32, "--edge-profile", "jetson-orin-nano", "-q"]) == 2
+    assert "--edge-profile with a fixed --split goes with --precision int8" in (
+        capsys.readouterr().err
+    )
+
+
 def test_fixed_cut_int8_and_fallback(zoo_dir: Path, calib: Path, tmp_path: Path) -> None:
     out = tmp_path / "pkg"
     argv = [str(zoo_dir / "chain.onnx"), "--split", "c2", "-o", str(out), "--precision", "int8"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from onnx import helper
 from ortutil import assert_close, compose, run
 
 from splitinfer.partitioner.cli import main
+from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.manifest import load_manifest
 
 pytestmark = pytest.mark.unit
@@ -162,6 +164,31 @@ def test_bad_flags(
     model: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
     assert message in error_of(capsys, [str(model), *extra])
+
+
+def test_the_request_is_built_and_checked_before_the_model_is_read(tmp_path: Path) -> None:
+    """Flag rules live in PartitionRequest: a bad combination fails without a model."""
+    import dataclasses
+
+    from splitinfer.partitioner.request import PartitionRequest
+
+    gone = str(tmp_path / "never-read.onnx")
+    req = PartitionRequest.from_argv([gone, "--split", "auto", "-o", "out", "--uplink", "1mbit"])
+    assert (req.auto, req.edge_precision, req.uplink, req.candidates) == (True, "int8", "1mbit", 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.split = "c1"  # type: ignore[misc]
+    fixed = PartitionRequest.from_argv([gone, "--split", "c1", "-o", "o", "--precision", "int8",
+                                        "--edge-profile", "jetson-orin-nano"])  # fmt: skip
+    assert (fixed.edge_precision, fixed.edge_profile) == ("int8", "jetson-orin-nano")
+    for argv, message in (
+        (["--split", "c1", "-o", "o", "--epsilon", "1"], "--epsilon go(es) with --split auto"),
+        (["--split", "auto", "-o", "o", "--clip", "1"], "privacy needs both --epsilon and --clip"),
+        (["--split", "auto", "-o", "o", "--edge-memory", "lots"], "--edge-memory 'lots'"),
+        (["--list-cuts", "--split", "c1"], "--list-cuts and --split go one at a time"),
+        (["--list-cuts", "--preprocess", "mode=L"], "--preprocess goes with --split"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            PartitionRequest.from_argv([gone, *argv])
 
 
 @pytest.mark.integration

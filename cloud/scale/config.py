@@ -10,63 +10,70 @@ file first. The cloud options are validated by the same code as the daemon's.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitinfer.cloud.config import (
-    ServiceConfig,
-    _number,
-    _opt,
-    _positive_int,
-    apply_override,
-    build_config,
-    load_toml,
-)
+from splitinfer.cloud.config import ServiceConfig, build_config
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.options import (
+    at_least,
+    check,
+    coerce,
+    from_text,
+    load_toml,
+    option,
+    own_options,
+    set_key,
+)
 
 
 @dataclass(frozen=True)
 class ScaleConfig:
     """The Ray Serve application: the cloud service's config plus replicas and routing."""
 
-    service: ServiceConfig  # the cloud service config each replica runs
-    min_replicas: int = _opt(1, "fewest engine replicas (autoscaling floor)")
-    max_replicas: int = _opt(2, "most engine replicas (autoscaling ceiling)")
-    initial_replicas: int = _opt(0, "replicas at start (0: min_replicas)")
-    target_ongoing_requests: float = _opt(
-        16.0, "queue depth per replica autoscaling aims at (requests queued or running)"
+    service: ServiceConfig  # the cloud service config each replica runs (not an option)
+    min_replicas: int = option(1, "fewest engine replicas (autoscaling floor)", minimum=1)
+    max_replicas: int = option(2, "most engine replicas (autoscaling ceiling)")
+    initial_replicas: int = option(0, "replicas at start (0: min_replicas)", minimum=0)
+    target_ongoing_requests: float = option(
+        16.0,
+        "queue depth per replica autoscaling aims at (requests queued or running)",
+        minimum=0.001,
     )
-    max_ongoing_requests: int = _opt(
-        128, "most requests one replica takes at once (Serve queues the rest at the caller)"
+    max_ongoing_requests: int = option(
+        128,
+        "most requests one replica takes at once (Serve queues the rest at the caller)",
+        minimum=1,
     )
-    upscale_delay_s: float = _opt(5.0, "seconds over target before adding a replica")
-    downscale_delay_s: float = _opt(60.0, "seconds under target before removing one")
-    num_gpus: float = _opt(0.0, "GPUs each engine replica holds (ray_actor_options)")
-    num_cpus: float = _opt(1.0, "CPUs each engine replica holds")
-    ingress_replicas: int = _opt(1, "HTTP ingress replicas (auth, routing, retries)")
-    ingress_num_cpus: float = _opt(0.5, "CPUs each ingress replica holds")
-    max_versions_per_replica: int = _opt(
-        4, "model versions one replica keeps loaded (least recently used unloaded)"
+    upscale_delay_s: float = option(5.0, "seconds over target before adding a replica", minimum=0.0)
+    downscale_delay_s: float = option(60.0, "seconds under target before removing one", minimum=0.0)
+    num_gpus: float = option(0.0, "GPUs each engine replica holds (ray_actor_options)", minimum=0.0)
+    num_cpus: float = option(1.0, "CPUs each engine replica holds", minimum=0.0)
+    ingress_replicas: int = option(1, "HTTP ingress replicas (auth, routing, retries)", minimum=1)
+    ingress_num_cpus: float = option(0.5, "CPUs each ingress replica holds", minimum=0.001)
+    max_versions_per_replica: int = option(
+        4,
+        "model versions one replica keeps loaded (least recently used unloaded)",
+        minimum=1,
     )
-    retries: int = _opt(4, "times a request is retried on another replica when one dies")
-    retry_backoff_s: float = _opt(0.05, "first retry wait, doubled each time")
-    moe_cache_bytes: int = _opt(0, "expert cache budget for MoE packages (0: no MoE runtime)")
-    moe_cache_policy: str = _opt("lfru", "expert cache policy: lru, lfru or none")
+    retries: int = option(
+        4, "times a request is retried on another replica when one dies", minimum=0
+    )
+    retry_backoff_s: float = option(0.05, "first retry wait, doubled each time", minimum=0.0)
+    moe_cache_bytes: int = option(
+        0, "expert cache budget for MoE packages (0: no MoE runtime)", minimum=0
+    )
+    moe_cache_policy: str = option(
+        "lfru", "expert cache policy: lru, lfru or none", choices=("lru", "lfru", "none")
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.service, ServiceConfig):
             raise ConfigError("service: missing; give repository=DIR (or config=FILE)")
-        for name in ("min_replicas", "ingress_replicas", "max_versions_per_replica"):
-            _positive_int(self, name, 1)
-        for name in ("max_ongoing_requests",):
-            _positive_int(self, name, 1)
-        _positive_int(self, "initial_replicas", 0)
-        _positive_int(self, "retries", 0)
-        _positive_int(self, "moe_cache_bytes", 0)
-        _positive_int(self, "max_replicas", self.min_replicas)
+        check(self)
+        at_least(self, "max_replicas", self.min_replicas)
         if self.initial_replicas and not (
             self.min_replicas <= self.initial_replicas <= self.max_replicas
         ):
@@ -74,13 +81,6 @@ class ScaleConfig:
                 f"initial_replicas={self.initial_replicas}: must lie within "
                 f"min_replicas..max_replicas ({self.min_replicas}..{self.max_replicas})"
             )
-        for name in ("target_ongoing_requests", "ingress_num_cpus"):
-            _number(self, name, 0.001)
-        for name in ("num_gpus", "num_cpus", "retry_backoff_s", "upscale_delay_s"):
-            _number(self, name, 0.0)
-        _number(self, "downscale_delay_s", 0.0)
-        if self.moe_cache_policy not in ("lru", "lfru", "none"):
-            raise ConfigError(f"moe_cache_policy={self.moe_cache_policy!r}: one of lru, lfru, none")
 
     @property
     def autoscaling(self) -> bool:
@@ -110,7 +110,7 @@ class ScaleConfig:
         return options
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(ScaleConfig) if f.name != "service"}
+_OPTIONS = {o.name: o for o in own_options(ScaleConfig)}
 
 
 def scale_config_from_args(args: Mapping[str, Any]) -> ScaleConfig:
@@ -122,27 +122,16 @@ def scale_config_from_args(args: Mapping[str, Any]) -> ScaleConfig:
     for key, value in args.items():
         if key == "config":
             continue
-        if key in _FIELDS:
-            scale[key] = _coerce(key, value, _FIELDS[key].default)
+        if key in _OPTIONS:
+            opt = _OPTIONS[key]
+            parsed = from_text(value, opt) if isinstance(value, str) else value
+            scale[key] = coerce(parsed, opt, key)
         elif isinstance(value, str):
-            apply_override(data, f"{key}={value}")
+            set_key(data, f"{key}={value}")
         else:
-            apply_override(data, f"{key}={_toml(value)}")
+            set_key(data, f"{key}={_toml(value)}")
     service = build_config(data, where="args")
     return ScaleConfig(service=service, **scale)
-
-
-def _coerce(key: str, value: Any, default: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    try:
-        if isinstance(default, int):
-            return int(value)
-        if isinstance(default, float):
-            return float(value)
-    except ValueError:
-        raise ConfigError(f"{key}={value!r}: not a number") from None
-    return value
 
 
 def _toml(value: Any) -> str:
