@@ -164,13 +164,13 @@ SERVICE_ARGS: list[str] = []  # --service-arg: more cloud-service flags (tuning 
 
 def session(path: Path) -> Any:
     """A CPU session with the service's own session options, for the ceiling and the peer."""
-    import onnxruntime as ort
 
     from splitinfer.cloud.config import RuntimeConfig
     from splitinfer.cloud.runtime import session_options
+    from splitinfer.shared.ortsession import open_session
 
     opts = session_options(RuntimeConfig(spinning=SPINNING[0]))
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return open_session(path, options=opts)
 
 
 class Bare:

@@ -21,7 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 from splitinfer.cloud.config import RuntimeConfig
-from splitinfer.shared.errors import ModelError
+from splitinfer.shared.ortsession import open_session
+from splitinfer.shared.ortsession import session_options as shared_session_options
 
 log = logging.getLogger("splitinfer.cloud")
 
@@ -66,21 +67,15 @@ def provider_options(name: str, config: RuntimeConfig) -> dict[str, str]:
 
 
 def session_options(config: RuntimeConfig) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.intra_op_num_threads = config.intra_op_threads
-    opts.inter_op_num_threads = config.inter_op_threads
-    spin = "1" if config.spinning else "0"
-    opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
-    opts.execution_mode = (
-        ort.ExecutionMode.ORT_PARALLEL
-        if config.inter_op_threads > 1
-        else ort.ExecutionMode.ORT_SEQUENTIAL
+    """The service's SessionOptions: its threads, spinning, and parallel execution
+    when it has more than one inter-op thread."""
+    return shared_session_options(
+        threads=config.intra_op_threads,
+        inter_threads=config.inter_op_threads,
+        spinning=config.spinning,
+        parallel=config.inter_op_threads > 1,
+        sequential=config.inter_op_threads <= 1,
     )
-    return opts
 
 
 class Runtime:
@@ -96,16 +91,12 @@ class Runtime:
 
         have = ort.get_available_providers() if available is None else available
         providers = choose_providers(config.providers, have)
-        try:
-            self.session = ort.InferenceSession(
-                str(path),
-                session_options(config),
-                providers=providers,
-                provider_options=[provider_options(p, config) for p in providers],
-            )
-        except Exception as exc:  # ORT raises its own untyped errors
-            reason = " ".join(str(exc).split())[:300]
-            raise ModelError(f"{path.name}: ONNX Runtime cannot load it: {reason}") from exc
+        self.session = open_session(
+            path,
+            providers=[(p, provider_options(p, config)) for p in providers],
+            options=session_options(config),
+            name=path.name,
+        )
         self.path = path
         self.providers: list[str] = list(self.session.get_providers())
         self.inputs: tuple[str, ...] = tuple(i.name for i in self.session.get_inputs())
