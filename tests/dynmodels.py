@@ -12,10 +12,6 @@ torch is imported at the point of use.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +21,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def _export(net: Any, example: tuple[Any, ...], path: Path, names: list[str], dyn: Any) -> Path:
-    import torch
+    from splitinfer.partitioner.torch_export import export_onnx
 
-    logging.getLogger("torch").setLevel(logging.ERROR)
     net.eval()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            net,
-            example,
-            str(path),
-            input_names=names,
-            output_names=["out"],
-            dynamic_shapes=dyn,
-            dynamo=True,
-            verbose=False,
-        )
-    return path
+    return export_onnx(net, example, path, names, ["out"], dynamic=dyn)
 
 
 def encoder(

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from splitinfer.cloud.moe.cache import CacheConfig, MoEMetrics, SyncExecutor
-from splitinfer.cloud.moe.executor import MoESpec
-from splitinfer.cloud.moe.export import export_moe_package, moe_layer_cost
 from splitinfer.cloud.moe.runner import MoEProgram, MoERunner
 from splitinfer.models.moe import INPUT_SHAPES, moe_transformer, moe_vision, reference
+from splitinfer.partitioner.moe_export import export_moe_package, moe_layer_cost
 from splitinfer.shared.errors import PackageError
+from splitinfer.shared.moe import MoESpec
 from splitinfer.shared.ortsession import open_session
 from splitinfer.shared.package import open_package
 

@@ -42,13 +42,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("edge/emulate.py", "partitioner"): (
         "an emulated device is the partitioner's profile of it; goes with the same move"
     ),
-    ("cloud/moe/export.py", "partitioner"): (
-        "the MoE package exporter uses the torch->ONNX export helper; the exporter "
-        "belongs to the partitioner"
-    ),
-    ("cloud/moe/export.py", "models"): (
-        "the MoE exporter reads the model zoo's MoE weights; goes with the exporter's move"
-    ),
 }
 
 

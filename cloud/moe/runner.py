@@ -18,11 +18,11 @@ import numpy as np
 
 from splitinfer.cloud.moe.cache import CacheConfig, ExpertCache, MoEMetrics
 from splitinfer.cloud.moe.device import Device
-from splitinfer.cloud.moe.executor import MoEExecutor, MoELayerParams, MoESpec
-from splitinfer.cloud.moe.export import MOE_DOMAIN, MOE_OP, PROGRAM_FORMAT
+from splitinfer.cloud.moe.executor import MoEExecutor, MoELayerParams
 from splitinfer.cloud.moe.store import ExpertStore
 from splitinfer.shared.errors import PackageError
 from splitinfer.shared.manifest import resolve_file
+from splitinfer.shared.moe import MOE_DOMAIN, MOE_OP, PROGRAM_FORMAT, MoESpec
 from splitinfer.shared.ortsession import open_session
 from splitinfer.shared.package import sha256_of
 
