@@ -12,8 +12,7 @@ calls ``run`` directly, which copies nothing extra.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,26 +121,3 @@ class Runtime:
         self.session.run_with_iobinding(binding)
         values = binding.copy_outputs_to_cpu()
         return dict(zip(self.outputs, values, strict=True))
-
-
-def segment_factory(registry: Any = None) -> Callable[[Path, RuntimeConfig], Any]:
-    """The engine's default runtime factory: ONNX segments by :class:`Runtime`, MoE
-    programs (``moe.json``, see docs/moe.md) by the MoE runtime with the expert cache
-    that ``RuntimeConfig.expert_cache_bytes`` asks for, its metrics in ``registry``.
-
-    The MoE code (and its metrics) is loaded only when an MoE package is.
-    """
-    lock = threading.Lock()
-    moe: list[Callable[[Path, RuntimeConfig], Any]] = []
-
-    def make(path: Path, config: RuntimeConfig) -> Any:
-        if path.suffix != ".json":
-            return Runtime(path, config)
-        with lock:
-            if not moe:
-                from splitinfer.cloud.moe.runtime import moe_service_factory
-
-                moe.append(moe_service_factory(registry))
-        return moe[0](path, config)
-
-    return make
