@@ -38,7 +38,7 @@ Array = np.ndarray[Any, Any]
 
 @dataclass(frozen=True)
 class ProfileResult:
-    #: a ``splitinfer.partitioner.nodeprofile.NodeProfile``
+    #: a ``splitinfer.shared.nodeprofile.NodeProfile``
     profile: Any
     #: what was measured ("full.onnx", "cut c0 (cloud segment)", ...)
     measured: str
@@ -80,8 +80,8 @@ def profile_package(
 ) -> ProfileResult:
     """Measure the package's whole graph; a merged profile when it is in two segments."""
 
-    from splitinfer.partitioner.nodeprofile import NodeProfile
     from splitinfer.partitioner.profiler import measure_nodes
+    from splitinfer.shared.nodeprofile import NodeProfile
 
     package = open_package(path)
     manifest = package.manifest
