@@ -15,7 +15,6 @@ from splitinfer.cloud.moe.cache import CacheConfig, ExpertCache, MoEMetrics, Syn
 from splitinfer.cloud.moe.executor import (
     MoEExecutor,
     MoELayerParams,
-    MoESpec,
     group_by_expert,
     moe_reference,
     route,
@@ -24,7 +23,7 @@ from splitinfer.cloud.moe.store import ExpertStore
 from splitinfer.models.moe import MoEConfig, moe_layer
 from splitinfer.partitioner.moe_export import layer_arrays
 from splitinfer.shared.errors import ConfigError
-from splitinfer.shared.moe import write_layer_shard
+from splitinfer.shared.moe import MoESpec, write_layer_shard
 
 pytestmark = pytest.mark.unit
 
