@@ -28,21 +28,19 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from splitinfer.sim.daemon import Daemon, start
+
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 TIMEOUTS = {"header": 2.0, "body": 3.0, "keepalive": 3.0}
 BIG = 60 * 2**20
 
@@ -73,45 +71,12 @@ def build(out: Path) -> tuple[Path, np.ndarray]:
     return pkg, x_test
 
 
-class Daemon:
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
-        self.name = name
-        self.log = log.open("w")
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log, env=env)
-        self.url = ""
-
-    def wait_url(self, marker: str, read: Callable[[], str], timeout: float = 120) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = read()
-            if marker in text:
-                self.url = text.split(marker, 1)[1].split()[0]
-                return self.url
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited: see {self.log.name}")
-            time.sleep(0.1)
-        raise SystemExit(f"{self.name} did not start in {timeout:g} s")
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rsplit(":", 1)[1])
-
-    def peak_rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
+def peak_rss_mb(daemon: Daemon) -> float:
+    """A daemon's peak resident set (VmHWM), in MB."""
+    for line in Path(f"/proc/{daemon.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def held(port: int, peers: set[int]) -> int:
@@ -282,7 +247,7 @@ async def attack(cloud: Daemon, edge: Daemon, x: np.ndarray, seconds: float, cre
             "p50_ms": float(np.percentile(b_lat, 50) * 1e3),
             "p99_ms": float(np.percentile(b_lat, 99) * 1e3),
         },
-        "peak_rss_mb": {"cloud": cloud.peak_rss_mb(), "edge": edge.peak_rss_mb()},
+        "peak_rss_mb": {"cloud": peak_rss_mb(cloud), "edge": peak_rss_mb(edge)},
         "held_at_end": {
             "cloud": held(cloud.port, _ports(sockets)),
             "edge": held(edge.port, _ports(sockets)),
@@ -304,7 +269,6 @@ def main(argv: list[str] | None = None) -> int:
     from splitinfer.shared.auth import generate_credential, render_toml
 
     work = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
-    daemons: list[Daemon] = []
     try:
         t0 = time.perf_counter()
         pkg, x = build(work)
@@ -316,42 +280,29 @@ def main(argv: list[str] | None = None) -> int:
         creds.write_text(render_toml(cred))
         creds.chmod(0o600)
         t = TIMEOUTS
-        cloud = Daemon(
-            "cloud-service",
-            [str(BIN / "cloud-service"), "--repository", str(repo.parent.parent),
-             "--credentials", str(creds), "--listen", "127.0.0.1:0",
-             "--header-timeout-s", str(t["header"]), "--body-timeout-s", str(t["body"]),
-             "--keepalive-timeout-s", str(t["keepalive"]), "--max-connections", "200"],
-            work / "cloud.log",
-        )  # fmt: skip
-        daemons.append(cloud)
-        out: list[str] = []
-
-        def cloud_out() -> str:
-            assert cloud.proc.stdout is not None
-            if not out:
-                out.append(cloud.proc.stdout.readline().decode())
-            return out[0]
-
-        cloud.wait_url("listening on ", cloud_out)
-        edge_log = work / "edge.log"
-        edge = Daemon(
-            "edge-agent",
-            [str(BIN / "edge-agent"), "--package", str(pkg), "--cloud", cloud.url,
-             "--credentials", str(creds), "--listen", "127.0.0.1:0",
-             "--queue-header-timeout-s", str(t["header"]),
-             "--queue-body-timeout-s", str(t["body"]),
-             "--queue-keepalive-timeout-s", str(t["keepalive"]),
-             "--queue-max-connections", "200"],
-            edge_log,
-        )  # fmt: skip
-        daemons.append(edge)
-        edge.wait_url("listening on ", edge_log.read_text)
-        _say(f"cloud {cloud.url}, edge {edge.url}; attacking for {seconds:g} s")
-        result = asyncio.run(attack(cloud, edge, x, seconds, cred))
+        one_thread = {"OMP_NUM_THREADS": "1"}
+        cloud_args = [
+            "--repository", repo.parent.parent, "--credentials", creds, "--listen", "127.0.0.1:0",
+            "--header-timeout-s", str(t["header"]), "--body-timeout-s", str(t["body"]),
+            "--keepalive-timeout-s", str(t["keepalive"]), "--max-connections", "200",
+        ]  # fmt: skip
+        with start(
+            "cloud-service", cloud_args, log=work / "cloud.log", env=one_thread, timeout_s=120
+        ) as cloud:
+            edge_args = [
+                "--package", pkg, "--cloud", cloud.url, "--credentials", creds,
+                "--listen", "127.0.0.1:0",
+                "--queue-header-timeout-s", str(t["header"]),
+                "--queue-body-timeout-s", str(t["body"]),
+                "--queue-keepalive-timeout-s", str(t["keepalive"]),
+                "--queue-max-connections", "200",
+            ]  # fmt: skip
+            with start(
+                "edge-agent", edge_args, log=work / "edge.log", env=one_thread, timeout_s=120
+            ) as edge:
+                _say(f"cloud {cloud.url}, edge {edge.url}; attacking for {seconds:g} s")
+                result = asyncio.run(attack(cloud, edge, x, seconds, cred))
     finally:
-        for d in reversed(daemons):
-            d.stop()
         shutil.rmtree(work, ignore_errors=True)
     ok = result["good_answered"] == result["good_sent"] and result["good_sent"] > 0
     rss = max(result["peak_rss_mb"].values()) < 300

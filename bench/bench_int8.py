@@ -3,11 +3,11 @@
     python bench/bench_int8.py [--quick] [--threads 1] [--repeats 15] [--widths 1,4]
                                [--explore] [--conv] [--profile resnet] [--json out.json]
 
-Latency: the CNN zoo architectures of tests/zoo.py (chain, resnet, mobilenet,
-inception; random weights, BatchNorm folded by the partitioner's passes) at
-1x3x224x224, each at the zoo's channel widths (x1, the same networks, checked by
-parameter count) and with every channel count multiplied (x4: widths of real
-224x224 CNNs, e.g. 64..128 channels for the resnet). Each is quantized as the
+Latency: the CNN architectures of the small model zoo (``models/zoo_small.py``:
+chain, resnet, mobilenet, inception; random weights, BatchNorm folded by the
+partitioner's passes) at 1x3x224x224, each at the zoo's channel widths (x1, the
+zoo's own networks) and with every channel count multiplied (x4, ``widen``: widths
+of real 224x224 CNNs, e.g. 64..128 channels for the resnet). Each is quantized as the
 partitioner would for an ONNX Runtime CPU edge (``config_for("cpu")``: u8s8,
 7-bit weights) under each recipe below, calibrated on 8 synthetic samples. All
 variants run in ONNX Runtime CPU with the same session options (ORT_ENABLE_ALL,
@@ -58,12 +58,8 @@ from splitinfer.partitioner.quantize import (
     config_for,
     quantize_model,
 )
-from splitinfer.partitioner.torch_export import export_onnx
 from splitinfer.shared.manifest import TensorSpec
 from splitinfer.shared.ortsession import open_session
-
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS))
 
 MODELS = ("chain", "resnet", "mobilenet", "inception")
 INPUT = TensorSpec("x", "float32", ("batch", 3, 224, 224))
@@ -76,149 +72,43 @@ DIGITS_CALIB = 300
 # --- the zoo's CNN architectures with a channel multiplier ---------------------------------
 
 
-def build(name: str, w: int) -> Any:
-    """tests/zoo.py's network ``name`` with every channel count multiplied by ``w``."""
-    import torch
+def widen(net: Any, w: int) -> Any:
+    """A small-zoo CNN (:mod:`splitinfer.models.zoo_small`) with every channel count
+    multiplied by ``w``: each Conv2d, BatchNorm2d and Linear rebuilt wider, the RGB input
+    (3 channels) and the classes kept, depthwise convs still depthwise."""
+    if w == 1:
+        return net
     from torch import nn
 
-    def bn_act(c: int, act: Any) -> list[Any]:
-        return [nn.BatchNorm2d(c), act()]
-
-    if name == "chain":
-        return nn.Sequential(
-            nn.Conv2d(3, 8 * w, 3, padding=1),
-            *bn_act(8 * w, nn.ReLU),
-            nn.MaxPool2d(2),
-            nn.Conv2d(8 * w, 16 * w, 3, padding=1),
-            *bn_act(16 * w, nn.ReLU),
-            nn.Dropout(0.2),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(16 * w, 10),
-        )
-
-    if name == "resnet":
-
-        class Block(nn.Module):
-            def __init__(self, c_in: int, c_out: int, stride: int) -> None:
-                super().__init__()
-                self.c1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-                self.b1 = nn.BatchNorm2d(c_out)
-                self.c2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
-                self.b2 = nn.BatchNorm2d(c_out)
-                self.down = None
-                if stride != 1 or c_in != c_out:
-                    self.down = nn.Sequential(
-                        nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
-                    )
-
-            def forward(self, x: Any) -> Any:
-                y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
-                return torch.relu(y + (x if self.down is None else self.down(x)))
-
-        class ResNet(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.stem = nn.Sequential(nn.Conv2d(3, 16 * w, 3, 1, 1), *bn_act(16 * w, nn.ReLU))
-                self.blocks = nn.Sequential(
-                    Block(16 * w, 16 * w, 1), Block(16 * w, 32 * w, 2), Block(32 * w, 32 * w, 1)
-                )
-                self.head = nn.Linear(32 * w, 10)
-
-            def forward(self, x: Any) -> Any:
-                return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
-
-        return ResNet()
-
-    if name == "mobilenet":
-
-        class SE(nn.Module):
-            def __init__(self, c: int) -> None:
-                super().__init__()
-                self.f1, self.f2 = nn.Conv2d(c, c // 4, 1), nn.Conv2d(c // 4, c, 1)
-
-            def forward(self, x: Any) -> Any:
-                s = x.mean(dim=(2, 3), keepdim=True)
-                return x * nn.functional.hardsigmoid(self.f2(torch.relu(self.f1(s))))
-
-        class InvertedResidual(nn.Module):
-            def __init__(self, c: int, expand: int) -> None:
-                super().__init__()
-                h = c * expand
-                self.body = nn.Sequential(
-                    nn.Conv2d(c, h, 1, bias=False),
-                    *bn_act(h, nn.Hardswish),
-                    nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False),
-                    *bn_act(h, nn.Hardswish),
-                    SE(h),
-                    nn.Conv2d(h, c, 1, bias=False),
-                    nn.BatchNorm2d(c),
-                )
-
-            def forward(self, x: Any) -> Any:
-                return x + self.body(x)
-
-        return nn.Sequential(
-            nn.Conv2d(3, 16 * w, 3, 2, 1),
-            *bn_act(16 * w, nn.Hardswish),
-            InvertedResidual(16 * w, 4),
-            InvertedResidual(16 * w, 3),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(16 * w, 10),
-        )
-
-    if name == "inception":
-
-        class Inception(nn.Module):
-            def __init__(self, c: int) -> None:
-                super().__init__()
-                self.b1 = nn.Conv2d(c, 8 * w, 1)
-                self.b2 = nn.Sequential(
-                    nn.Conv2d(c, 8 * w, 1), nn.ReLU(), nn.Conv2d(8 * w, 8 * w, 3, padding=1)
-                )
-                self.b3 = nn.Sequential(
-                    nn.Conv2d(c, 4 * w, 1), nn.ReLU(), nn.Conv2d(4 * w, 8 * w, 5, padding=2)
-                )
-                self.b4 = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Conv2d(c, 8 * w, 1))
-
-            def forward(self, x: Any) -> Any:
-                branches = [self.b1(x), self.b2(x), self.b3(x), self.b4(x)]
-                return torch.relu(torch.cat(branches, 1))
-
-        return nn.Sequential(
-            nn.Conv2d(3, 16 * w, 3, padding=1),
-            nn.ReLU(),
-            Inception(16 * w),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(32 * w, 10),
-        )
-    raise ValueError(name)
-
-
-def n_params(net: Any) -> int:
-    return sum(int(p.numel()) for p in net.parameters())
+    for parent in list(net.modules()):
+        for key, m in parent.named_children():
+            if isinstance(m, nn.Conv2d):
+                c_in = m.in_channels if m.in_channels == 3 else m.in_channels * w
+                groups = m.groups * w if m.groups > 1 else 1
+                wide: Any = nn.Conv2d(
+                    c_in, m.out_channels * w, m.kernel_size, m.stride, m.padding, m.dilation,
+                    groups, m.bias is not None,
+                )  # fmt: skip
+            elif isinstance(m, nn.BatchNorm2d):
+                wide = nn.BatchNorm2d(m.num_features * w)
+            elif isinstance(m, nn.Linear):
+                wide = nn.Linear(m.in_features * w, m.out_features, m.bias is not None)
+            else:
+                continue
+            setattr(parent, key, wide)
+    return net
 
 
 def export_cnn(name: str, w: int, out: Path) -> onnx.ModelProto:
-    """Random weights (seed 0, non-trivial BatchNorm statistics), exported and optimized."""
-    import torch
-    from zoo import ZOO
+    """The zoo's ``name`` at 224x224, widened ``w`` times (random weights, seed 0,
+    non-trivial BatchNorm statistics: the zoo's export), optimized."""
+    from splitinfer.models.zoo import SMALL, InputSpec, export
 
-    torch.manual_seed(0)
-    net = build(name, w)
-    if w == 1:
-        want = n_params(ZOO[name].build())
-        assert n_params(net) == want, f"{name}: {n_params(net)} parameters, the zoo has {want}"
-    net.eval()
-    for m in net.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            assert m.running_mean is not None
-            assert m.running_var is not None
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 1.5)
-    path = export_onnx(net, (torch.randn(2, 3, 224, 224),), out / f"{name}_x{w}.onnx", ["x"], ["y"])
+    small = SMALL[name]
+    model = replace(
+        small, build=lambda: widen(small.build(), w), inputs={"x": InputSpec((3, 224, 224))}
+    )
+    path = export(model, out / f"{name}_x{w}.onnx")
     optimized: onnx.ModelProto = optimize(onnx.load(str(path)), DEFAULT_PIPELINE)[0]
     return optimized
 

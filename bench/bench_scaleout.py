@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -37,9 +36,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bench_cloud as bc  # noqa: E402
+import cloud_setup as bc  # noqa: E402
+from harness import LoadConfig, free_port, load_client, server  # noqa: E402
+
+from splitinfer.shared.frame import FRAME_TYPE  # noqa: E402
 
 TARGET = 1.5
+SETTINGS = bc.Settings()  # bench_cloud's service settings
+CLIENT = load_client("auto")  # as bench_cloud's default
 
 
 def measure(
@@ -48,7 +52,7 @@ def measure(
     rows = []
     url = f"{base}/v1/models/{bc.MODEL}/infer"
     for c in levels:
-        load = bc.closed_loop(url, frames, bc.FRAME_TYPE, c, seconds)
+        load = LoadConfig(CLIENT, seconds).run(url, frames, FRAME_TYPE, c)
         row = {
             "system": system,
             "concurrency": c,
@@ -70,10 +74,8 @@ def measure(
 def run_single(
     repo: Path, frames: list[bytes], levels: list[int], seconds: float
 ) -> list[dict[str, Any]]:
-    port = bc.free_port()
-    base = f"http://127.0.0.1:{port}"
-    with bc.process(bc.service_cmd(repo, port, True), f"{base}/readyz"):
-        return measure("single", base, frames, levels, seconds)
+    with server(SETTINGS.service_argv(repo, batching=True), ready="/readyz") as srv:
+        return measure("single", srv.url, frames, levels, seconds)
 
 
 def run_ray(
@@ -91,13 +93,15 @@ def run_ray(
         accept_raw=True,  # bench_cloud.frames_for() sends the cut tensor raw
         log_level="warning",
         batching=BatchingConfig(
-            max_batch_size=bc.MAX_BATCH, max_queue_delay_ms=bc.DELAY_MS, max_queue_size=4096
+            max_batch_size=SETTINGS.max_batch,
+            max_queue_delay_ms=SETTINGS.delay_ms,
+            max_queue_size=4096,
         ),
     )
     rows: list[dict[str, Any]] = []
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        port = bc.free_port()
+        port = free_port()
         for n in replica_counts:
             scale = ScaleConfig(
                 service=service,
@@ -110,7 +114,7 @@ def run_ray(
             started = time.perf_counter()
             base = deploy(scale, port=port, timeout_s=180)
             # the first request of a version loads it on the replica it reaches
-            bc.closed_loop(f"{base}/v1/models/{bc.MODEL}/infer", frames, bc.FRAME_TYPE, 4, 1.0)
+            LoadConfig(CLIENT, 1.0).run(f"{base}/v1/models/{bc.MODEL}/infer", frames, FRAME_TYPE, 4)
             print(
                 f"(ray-{n}: deployed and warm in {time.perf_counter() - started:.1f} s)", flush=True
             )
@@ -137,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     levels = [16] if args.quick else [int(v) for v in args.levels.split(",")]
     seconds = 2.0 if args.quick else args.seconds
     counts = [2] if args.quick else [1, 2]
-    bc.CLIENT[0] = "wrk" if shutil.which("wrk") else "aiohttp"  # as bench_cloud's auto
 
     work = Path(tempfile.mkdtemp(prefix="bench-scaleout-"))
     _, manifest = bc.build_repo(work, args.size, (32, 64, 128))
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"cloud segment: {manifest.cut.id}, {manifest.cut.cloud_flops / 1e6:.0f} MFLOP/sample; "
         f"cpus: {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}; "
-        f"load generator: {bc.CLIENT[0]}\n"
+        f"load generator: {CLIENT}\n"
     )
     head = ("system", "conc", "req/s", "p50 ms", "p99 ms", "errors", "load")
     print("{:<8} {:>5} {:>9} {:>9} {:>9} {:>6} {:>5}".format(*head))

@@ -40,6 +40,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str], str]] = {
     "cloud": ("bench_cloud.py", [], ["--quick"],
               "cloud service throughput and latency vs a bare session and a peer server"),
     "edge": ("bench_edge.py", [], ["--quick"], "edge agent overhead per request"),
+    "hostile": ("bench_hostile.py", [], ["--quick"],
+                "both daemons under slow, idle and oversized clients: good answers, RSS, sockets"),
     "moe": ("bench_moe.py", [], ["--quick"],
             "MoE expert cache: throughput at cache budgets vs all-resident and naive paging"),
     "input_codecs": ("bench_input_codecs.py", [], ["--quick"],

@@ -12,6 +12,8 @@
 * :mod:`~splitinfer.sim.scenario`: :class:`Scenario`, a scenario TOML file;
 * :mod:`~splitinfer.sim.strategies`: one split package per strategy;
 * :mod:`~splitinfer.sim.device`: a slower edge device as a profile;
+* :mod:`~splitinfer.sim.daemon`: the one daemon launcher (``cloud-service`` and
+  ``edge-agent`` as processes, for sim, the tests, the demo and the benchmarks);
 * :mod:`~splitinfer.sim.cloud`: ``cloud-service`` as a subprocess;
 * :mod:`~splitinfer.sim.agents`: ``edge-agent`` subprocesses and their local API;
 * :mod:`~splitinfer.sim.runner`: edge devices behind links, the workload, one

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import re
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from splitinfer.shared.errors import ConfigError
+from splitinfer.sim.daemon import Daemon, command
 from splitinfer.sim.link import EmulatedLink
 from splitinfer.sim.scenario import Scenario
 from splitinfer.sim.workload import RequestRecord
@@ -36,7 +35,6 @@ Array = np.ndarray[Any, Any]
 AGENT_START_S = 60.0
 #: Seconds a stopping agent gets before it is killed.
 AGENT_STOP_S = 10.0
-_MARKER = "edge-agent: listening on "
 _ENTRY = re.compile(
     r'(?P<name>[A-Za-z0-9_-]+)(?:;dur=(?P<dur>[0-9.]+))?(?:;desc="(?P<desc>[^"]*)")?'
 )
@@ -55,9 +53,7 @@ def agent_argv(
     """The ``edge-agent`` command line of agent ``index`` (its links' URLs as ``--cloud``)."""
     edge = scenario.edge
     argv = [
-        sys.executable,
-        "-m",
-        "splitinfer.edge.cli",
+        *command("edge-agent"),
         "--package",
         str(package),
         "--cloud",
@@ -104,79 +100,32 @@ def agent_argv(
 
 
 class AgentProcess:
-    """One ``edge-agent`` subprocess; ``url`` once started. Its stderr goes to ``log_path``."""
+    """One ``edge-agent`` subprocess (:class:`~splitinfer.sim.daemon.Daemon`); ``url``
+    once started. What it writes goes to ``log_path``."""
 
     def __init__(self, argv: Sequence[str], log_path: Path) -> None:
         self.argv = list(argv)
         self.log_path = log_path
         self.url = ""
-        self._proc: asyncio.subprocess.Process | None = None
-        self._drain: asyncio.Task[None] | None = None
+        self._daemon: Daemon | None = None
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self._daemon.pid if self._daemon is not None else None
 
     async def start(self, timeout_s: float = AGENT_START_S) -> str:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        log = self.log_path.open("ab")
+        self._daemon = Daemon(self.argv, log=self.log_path, timeout_s=timeout_s)
         try:
-            line = await asyncio.wait_for(self._until_listening(log), timeout_s)
-        except TimeoutError:
-            line = ""
-        if not line:
-            log.close()
-            await self.stop()
-            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:]
-            why = tail[0] if tail else f"nothing on stderr in {timeout_s:g} s"
-            raise ConfigError(f"edge-agent did not start ({self.log_path}): {why}")
-        self.url = line.split(_MARKER, 1)[1].split()[0].rstrip("/")
-        self._drain = asyncio.create_task(self._drain_stderr(log))
+            self.url = await self._daemon.wait_async()
+        except BaseException:
+            self._daemon = None
+            raise
         return self.url
 
-    async def _until_listening(self, log: Any) -> str:
-        assert self._proc is not None
-        assert self._proc.stderr is not None
-        while raw := await self._proc.stderr.readline():
-            log.write(raw)
-            log.flush()
-            text = raw.decode(errors="replace")
-            if _MARKER in text:
-                return text.strip()
-        return ""
-
-    async def _drain_stderr(self, log: Any) -> None:
-        assert self._proc is not None
-        assert self._proc.stderr is not None
-        try:
-            while raw := await self._proc.stderr.readline():
-                log.write(raw)
-        finally:
-            log.close()
-
     async def stop(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), AGENT_STOP_S)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        if self._drain is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(self._drain, 2.0)
-        self._proc = None
+        if self._daemon is not None:
+            await self._daemon.stop_async(AGENT_STOP_S)
+            self._daemon = None
 
 
 @contextlib.asynccontextmanager

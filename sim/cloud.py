@@ -4,14 +4,10 @@ its batch counters."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from splitinfer.shared.errors import ConfigError
+from splitinfer.sim.daemon import Daemon, command
 from splitinfer.sim.scenario import CloudSpec
 
 #: Seconds the cloud service may take to print its address and become ready.
@@ -22,8 +18,9 @@ CLOUD_START_S = 60.0
 
 
 class CloudService:
-    """``cloud-service`` as a subprocess; ``url`` once started. Its stderr goes to
-    ``log_path``. Every version of ``models`` is served (``versions = "all"``)."""
+    """``cloud-service`` as a subprocess (:class:`~splitinfer.sim.daemon.Daemon`);
+    ``url`` once started and ready. What it writes goes to ``log_path``. Every version
+    of ``models`` is served (``versions = "all"``)."""
 
     def __init__(
         self, repository: Path, models: Sequence[str], spec: CloudSpec, log_path: Path
@@ -33,14 +30,11 @@ class CloudService:
         self.spec = spec
         self.log_path = log_path
         self.url = ""
-        self._proc: asyncio.subprocess.Process | None = None
-        self._drain: asyncio.Task[None] | None = None
+        self._daemon: Daemon | None = None
 
     def argv(self) -> list[str]:
         argv = [
-            sys.executable,
-            "-m",
-            "splitinfer.cloud.cli",
+            *command("cloud-service"),
             "--repository",
             str(self.repository),
             "--listen",
@@ -59,45 +53,11 @@ class CloudService:
         return argv
 
     async def start(self) -> str:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as err:
-            self._proc = await asyncio.create_subprocess_exec(
-                *self.argv(), stdout=asyncio.subprocess.PIPE, stderr=err
-            )
-        assert self._proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), CLOUD_START_S)
-        except TimeoutError:
-            line = b""
-        text = line.decode(errors="replace").strip()
-        marker = "listening on "
-        if marker not in text:
-            await self.stop()
-            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:]
-            raise ConfigError(f"cloud-service did not start: {tail[0] if tail else text!r}")
-        self.url = text.split(marker, 1)[1].split()[0].rstrip("/")
-        self._drain = asyncio.create_task(self._drain_stdout())
-        await self._wait_ready()
+        self._daemon = Daemon(
+            self.argv(), log=self.log_path, ready="/readyz", timeout_s=CLOUD_START_S
+        )
+        self.url = await self._daemon.wait_async()
         return self.url
-
-    async def _drain_stdout(self) -> None:
-        assert self._proc is not None
-        assert self._proc.stdout is not None
-        while await self._proc.stdout.readline():
-            pass
-
-    async def _wait_ready(self) -> None:
-        import aiohttp
-
-        deadline = time.monotonic() + CLOUD_START_S
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                with contextlib.suppress(aiohttp.ClientError, OSError):
-                    async with session.get(self.url + "/readyz") as resp:
-                        if resp.status == 200:
-                            return
-                await asyncio.sleep(0.1)
-        raise ConfigError(f"cloud-service at {self.url} was not ready in {CLOUD_START_S:g} s")
 
     async def get(self, path: str) -> str:
         import aiohttp
@@ -106,21 +66,9 @@ class CloudService:
             return await resp.text()
 
     async def stop(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10.0)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        if self._drain is not None:
-            self._drain.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drain
-        self._proc = None
+        if self._daemon is not None:
+            await self._daemon.stop_async(10.0)
+            self._daemon = None
 
     async def __aenter__(self) -> CloudService:
         await self.start()

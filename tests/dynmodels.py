@@ -21,6 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def _export(net: Any, example: tuple[Any, ...], path: Path, names: list[str], dyn: Any) -> Path:
+    """``net`` in eval mode through the one torch->ONNX helper, output ``out``, the free
+    dimensions ``dyn`` (one axis -> Dim mapping per input)."""
     from splitinfer.partitioner.torch_export import export_onnx
 
     net.eval()

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from urllib.parse import urlsplit
+
+#: ``serve(stop, started)``: a daemon's serve coroutine, stopped by the event, telling
+#: its URL to the callback once it listens
+Serve = Callable[[asyncio.Event, Callable[[str], None]], Awaitable[None]]
 
 
 def request_head(path: str, headers: Mapping[str, str], length: int | None) -> bytes:
@@ -62,3 +66,33 @@ async def opened(url: str) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def served(serve: Serve) -> AsyncIterator[str]:
+    """A daemon's ``serve`` running in this loop on real sockets; its URL once it listens
+    (its error, when it fails first). Stopped and awaited on the way out."""
+    stop = asyncio.Event()
+    listening: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(serve(stop, listening.set_result))
+    try:
+        await asyncio.wait({task, listening}, return_when=asyncio.FIRST_COMPLETED)
+        if not listening.done():
+            task.result()  # it failed: its error
+            raise RuntimeError("serve() returned before it listened")
+        yield listening.result()
+    finally:
+        stop.set()
+        await task
+
+
+async def one_past_the_cap(url: str, cap: int) -> tuple[int, dict[str, str], bytes, bool]:
+    """Hold ``cap`` idle connections and open one more: its answer, and whether the
+    held ones were then closed (their header timeout) within 2 s each."""
+    async with contextlib.AsyncExitStack() as stack:
+        held = [await stack.enter_async_context(opened(url)) for _ in range(cap)]
+        await asyncio.sleep(0.05)  # every one accepted before the next
+        async with opened(url) as (reader, _), asyncio.timeout(2):
+            status, headers, body = await read_response(reader)
+        closed = [await closed_within(r, 2.0) for r, _ in held]
+    return status, headers, body, all(closed)

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -29,6 +26,7 @@ from splitinfer.shared.auth import Credential, CredentialStore, sign
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.frame import FRAME_TYPE, Limits, decode_response
 from splitinfer.shared.manifest import Manifest, load_manifest
+from splitinfer.sim.daemon import start
 
 pytestmark = pytest.mark.integration
 
@@ -369,25 +367,16 @@ async def test_a_version_swap_under_continuous_http_load_fails_nothing(
 
 def test_cloud_service_runs_as_a_process_and_stops_on_sigterm(repo: Path, tmp_path: Path) -> None:
     creds = credentials_file(tmp_path / "credentials.toml")
-    exe = Path(sys.executable).with_name("cloud-service")
-    cmd = [str(exe), "--repository", str(repo), "--listen", "127.0.0.1:0"]
-    proc = subprocess.Popen(
-        [*cmd, "--credentials", str(creds), "--log-level", "warning", "--accept-raw"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    args = ["--repository", repo, "--listen", "127.0.0.1:0", "--credentials", creds]
+    cloud = start("cloud-service", [*args, "--log-level", "warning", "--accept-raw"])
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("cloud-service: listening on http://127.0.0.1:"), line
-        url = line.split()[-1]
-        asyncio.run(_talk_to(url, chain_manifest(repo)))
+        assert any(
+            ln.startswith("cloud-service: listening on http://127.0.0.1:") for ln in cloud.lines
+        )
+        asyncio.run(_talk_to(cloud.url, chain_manifest(repo)))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+        code = cloud.stop()  # SIGTERM
+    assert code == 0, "".join(cloud.lines)
 
 
 async def _talk_to(url: str, m: Manifest) -> None:

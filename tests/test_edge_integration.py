@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from daemons import BIN, Proc
+from daemons import daemon
 from graphs import chain
 from ortutil import assert_close, run
 
@@ -32,6 +32,7 @@ from splitinfer.shared.auth import generate_credential, render_toml
 from splitinfer.shared.codecs import dequantize, quantize
 from splitinfer.shared.manifest import CodecSpec
 from splitinfer.shared.package import open_package
+from splitinfer.sim.daemon import Daemon, command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -73,20 +74,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return World(tmp_path_factory.mktemp("integration"))
 
 
-def cloud_service(world: World) -> Proc:
-    return Proc(
-        [
-            str(BIN / "cloud-service"),
-            "--repository", str(world.repo),
-            "--listen", "127.0.0.1:0",
-            "--credentials", str(world.creds),
-        ],
-        "listening on ",
+def cloud_service(world: World) -> Daemon:
+    return daemon(
+        "cloud-service",
+        "--repository", world.repo,
+        "--listen", "127.0.0.1:0",
+        "--credentials", world.creds,
     )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def cloud(world: World) -> Iterator[Proc]:
+def cloud(world: World) -> Iterator[Daemon]:
     proc = cloud_service(world)
     yield proc
     proc.stop()
@@ -119,7 +117,7 @@ def outputs(body: bytes) -> dict[str, np.ndarray]:
 
 
 async def test_every_cut_equals_the_unsplit_model(
-    world: World, cloud: Proc, make_agent: object
+    world: World, cloud: Daemon, make_agent: object
 ) -> None:
     config = EdgeConfig(package=world.pkg, cloud=(cloud.url,), credentials=world.creds)
     client = await make_agent(config)  # type: ignore[operator]
@@ -135,7 +133,7 @@ async def test_every_cut_equals_the_unsplit_model(
 
 
 async def test_int8_zstd_equals_the_codec_round_trip(
-    world: World, cloud: Proc, make_agent: object
+    world: World, cloud: Daemon, make_agent: object
 ) -> None:
     """A lossy codec's declared error: the cloud sees the int8 round trip, nothing else."""
     config = EdgeConfig(package=world.lossy, cloud=(cloud.url,), credentials=world.creds)
@@ -158,7 +156,7 @@ async def test_int8_zstd_equals_the_codec_round_trip(
 
 
 async def test_bad_input_gets_400_through_the_whole_stack(
-    world: World, cloud: Proc, make_agent: object
+    world: World, cloud: Daemon, make_agent: object
 ) -> None:
     config = EdgeConfig(package=world.pkg, cloud=(cloud.url,), credentials=world.creds)
     client = await make_agent(config)  # type: ignore[operator]
@@ -172,7 +170,7 @@ async def test_bad_input_gets_400_through_the_whole_stack(
 
 
 async def test_a_wrong_key_is_refused_by_the_cloud(
-    world: World, cloud: Proc, make_agent: object, tmp_path: Path
+    world: World, cloud: Daemon, make_agent: object, tmp_path: Path
 ) -> None:
     stranger = tmp_path / "other.toml"
     stranger.write_text(render_toml(generate_credential("cam-01", "k1")))
@@ -262,19 +260,16 @@ async def test_cloud_down_every_request_is_answered_locally(
     assert "no local model" in (await resp.json())["error"]
 
 
-def test_the_edge_agent_command(world: World, cloud: Proc) -> None:
-    agent = Proc(
-        [
-            str(BIN / "edge-agent"),
-            "--package", str(world.pkg),
-            "--cloud", cloud.url,
-            "--listen", "127.0.0.1:0",
-            "--credentials", str(world.creds),
-            "--model", "m:1",
-            "--queue-max-concurrency", "2",
-            "--adapt-hysteresis", "0.2",
-        ],
-        "listening on ",
+def test_the_edge_agent_command(world: World, cloud: Daemon) -> None:
+    agent = daemon(
+        "edge-agent",
+        "--package", world.pkg,
+        "--cloud", cloud.url,
+        "--listen", "127.0.0.1:0",
+        "--credentials", world.creds,
+        "--model", "m:1",
+        "--queue-max-concurrency", "2",
+        "--adapt-hysteresis", "0.2",
     )  # fmt: skip
     try:
         x = np.random.default_rng(8).standard_normal((2, 16)).astype(np.float32)
@@ -299,7 +294,7 @@ def test_the_edge_agent_command(world: World, cloud: Proc) -> None:
 
 def test_bad_flags_are_one_line_errors(world: World) -> None:
     done = subprocess.run(
-        [str(BIN / "edge-agent"), "--package", str(world.pkg), "--cloud", "ftp://x"],
+        [*command("edge-agent"), "--package", str(world.pkg), "--cloud", "ftp://x"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -22,7 +22,7 @@ import aiohttp
 import numpy as np
 import pytest
 from cloudkit import DEVICE, OTHER, chain_repo, config, credentials_file, frame
-from hostile import closed_within, opened, read_response, request_head
+from hostile import closed_within, one_past_the_cap, opened, read_response, request_head, served
 
 from splitinfer.cloud.server import serve
 from splitinfer.shared.auth import Credential, sign
@@ -52,18 +52,8 @@ def creds(tmp_path: Path) -> Path:
 async def running(repo: Path, creds: Path, **kw: Any) -> AsyncIterator[str]:
     """A cloud-service on a free loopback port; its URL."""
     cfg = config(repo, credentials=str(creds), warmup=False, **kw)
-    stop = asyncio.Event()
-    urls: list[str] = []
-    task = asyncio.create_task(serve(cfg, stop, started=urls.append))
-    try:
-        while not urls:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-        yield urls[0]
-    finally:
-        stop.set()
-        await task
+    async with served(lambda stop, started: serve(cfg, stop, started=started)) as url:
+        yield url
 
 
 def good_frame(repo: Path, rows: int = 1) -> bytes:
@@ -254,17 +244,12 @@ async def test_an_idle_keep_alive_connection_is_closed(built: Path, creds: Path)
 
 
 async def test_connections_beyond_the_cap_get_503_and_are_closed(built: Path, creds: Path) -> None:
-    async with running(built, creds, **TIMEOUTS) as url, contextlib.AsyncExitStack() as stack:
-        held = [await stack.enter_async_context(opened(url)) for _ in range(4)]
-        await asyncio.sleep(0.05)
-        async with opened(url) as (reader, _):
-            async with asyncio.timeout(2):
-                status, headers, body = await read_response(reader)
-            assert status == 503
-            assert headers["retry-after"] == "1"
-            assert b"too many connections" in body
-        for reader, _ in held:  # the idle ones time out, and make room
-            assert await closed_within(reader, 2.0)
+    async with running(built, creds, **TIMEOUTS) as url:
+        status, headers, body, closed = await one_past_the_cap(url, 4)
+        assert status == 503
+        assert headers["retry-after"] == "1"
+        assert b"too many connections" in body
+        assert closed  # the idle ones time out, and make room
         async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as resp:
             assert resp.status == 200
 

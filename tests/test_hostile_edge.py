@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from graphs import chain
-from hostile import closed_within, opened, read_response, request_head
+from hostile import closed_within, one_past_the_cap, opened, read_response, request_head, served
 
 from splitinfer.edge.agent import create_app
 from splitinfer.edge.cli import serve
@@ -55,18 +55,8 @@ async def running(package: Path, **queue: Any) -> AsyncIterator[str]:
         queue=QueueConfig(**queue),
     )
     app = create_app(cfg, transports=[FunctionTransport(LocalCloud(package))], warm_up=False)
-    stop = asyncio.Event()
-    urls: list[str] = []
-    task = asyncio.create_task(serve(cfg, stop, started=urls.append, app=app))
-    try:
-        while not urls:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-        yield urls[0]
-    finally:
-        stop.set()
-        await task
+    async with served(lambda stop, started: serve(cfg, stop, started=started, app=app)) as url:
+        yield url
 
 
 def npy(array: np.ndarray) -> bytes:
@@ -212,15 +202,9 @@ async def test_the_local_api_closes_idle_and_slow_sockets_and_caps_connections(
                 status, _, text = await read_response(reader)
             assert status == 408
             assert b"body_timeout_s" in text
-        async with contextlib.AsyncExitStack() as stack:
-            held = [await stack.enter_async_context(opened(url)) for _ in range(3)]
-            await asyncio.sleep(0.05)
-            async with opened(url) as (reader, _):
-                async with asyncio.timeout(2):
-                    status, _, _ = await read_response(reader)
-                assert status == 503
-            for r, _ in held:
-                assert await closed_within(r, 2.0)
+        status, _, _, closed = await one_past_the_cap(url, 3)
+        assert status == 503
+        assert closed
 
 
 async def test_an_aborted_upload_at_the_edge_is_no_500(

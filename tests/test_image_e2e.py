@@ -12,7 +12,7 @@ import aiohttp
 import numpy as np
 import onnx
 import pytest
-from daemons import BIN, Proc
+from daemons import daemon
 from graphs import f32, make
 from onnx import helper
 from ortutil import run
@@ -51,17 +51,13 @@ def test_png_inputs_from_an_edge_agent_give_the_models_answers(tmp_path: Path) -
     assert partition([*argv, "-o", str(pkg), "-q"]) == 0
     assert load_manifest(pkg).cut.codec.name == "png"
 
-    cloud = Proc(
-        [str(BIN / "cloud-service"), "--repository", str(tmp_path / "repo"),
-         "--listen", "127.0.0.1:0", "--no-auth"],
-        "listening on ",
-    )  # fmt: skip
+    cloud = daemon(
+        "cloud-service", "--repository", tmp_path / "repo", "--listen", "127.0.0.1:0", "--no-auth"
+    )
     try:
-        agent = Proc(
-            [str(BIN / "edge-agent"), "--package", str(pkg), "--cloud", cloud.url,
-             "--listen", "127.0.0.1:0"],
-            "listening on ",
-        )  # fmt: skip
+        agent = daemon(
+            "edge-agent", "--package", pkg, "--cloud", cloud.url, "--listen", "127.0.0.1:0"
+        )
         x = digits(24, offset=100)  # not the calibration images
         try:
 

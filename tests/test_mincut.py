@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -63,10 +65,9 @@ def problems(draw: st.DrawFn, integral: bool = True) -> CutProblem:
     return CutProblem(tuple(preds), edge, cloud, tuple(tensors), forced_edge=forced)
 
 
-@pytest.mark.unit
-@settings(max_examples=300, deadline=None)
-@given(problems())
-def test_min_cut_equals_the_exhaustive_optimum(problem: CutProblem) -> None:
+def assert_optimal(problem: CutProblem, rel: float = 0.0) -> None:
+    """The min-cut is a down-set whose cost is the exhaustive optimum (within ``rel``),
+    or there is none when every down-set costs infinity."""
     best = brute_force(problem)
     mask = solve(problem)
     if math.isinf(best):
@@ -74,20 +75,21 @@ def test_min_cut_equals_the_exhaustive_optimum(problem: CutProblem) -> None:
         return
     assert mask is not None
     assert is_downset(problem, mask)
-    assert cost_of(problem, mask) == best
+    assert cost_of(problem, mask) == pytest.approx(best, rel=rel, abs=rel)
+
+
+@pytest.mark.unit
+@settings(max_examples=300, deadline=None)
+@given(problems())
+def test_min_cut_equals_the_exhaustive_optimum(problem: CutProblem) -> None:
+    assert_optimal(problem)  # integral weights: exactly
 
 
 @pytest.mark.unit
 @settings(max_examples=150, deadline=None)
 @given(problems(integral=False))
 def test_min_cut_is_optimal_with_real_weights(problem: CutProblem) -> None:
-    best = brute_force(problem)
-    mask = solve(problem)
-    if math.isinf(best):
-        assert mask is None
-        return
-    assert mask is not None
-    assert cost_of(problem, mask) == pytest.approx(best, rel=1e-9, abs=1e-9)
+    assert_optimal(problem, rel=1e-9)
 
 
 @pytest.mark.unit
@@ -292,14 +294,42 @@ def test_listed_cuts_compose_with_the_model(build: object) -> None:
             assert_close(compose(edge, cloud, feeds), run(model, feeds))
 
 
-@pytest.mark.unit
-def test_min_cut_choice_equals_exhaustive_choice_on_a_branchy_graph() -> None:
-    """Both paths choose cuts of the same predicted latency wherever enumeration can run,
-    and the min-cut path needs its max-flows for that (not just the single-tensor cuts)."""
+def min_cut_choices(
+    a: Any,
+    every: Sequence[Any],
+    big: CutSpace,
+    edge: dict[str, float],
+    cloud: dict[str, float],
+    seed: int,
+) -> list[tuple[list[Any], Any]]:
+    """At four uplink rates: the min-cut path's planned candidates and the one it
+    chooses, after checking that choice predicts the latency of the best of the whole
+    list ``every`` (its cuts costed by ``edge`` and ``cloud`` node times)."""
     from splitinfer.partitioner.costmodel import WireModel, cut_costs
     from splitinfer.partitioner.cutchoice import Pricing, auto_candidates
     from splitinfer.shared.costs import Constraints, predict_latency, rank
     from splitinfer.shared.links import Link
+
+    pricing = Pricing.of(big, edge, cloud, {}, WireModel())
+    out = []
+    for uplink in (0.1e6, 2e6, 30e6, 1e9):
+        link = Link.fixed(uplink, 1e9, 0.0)
+        best = rank(cut_costs(every, a, edge, cloud), link)[0]
+        found = auto_candidates(big, pricing, link, "latency", Constraints(), [], lambda _: None)
+        plans, _, refused = found.plans(big)
+        assert refused == 0
+        got = rank(cut_costs(plans, a, edge, cloud), link)[0]
+        assert predict_latency(got.cost, link) == pytest.approx(
+            predict_latency(best.cost, link), rel=1e-9
+        ), (seed, uplink)
+        out.append((plans, next(p for p in plans if p.id == got.cost.cut_id)))
+    return out
+
+
+@pytest.mark.unit
+def test_min_cut_choice_equals_exhaustive_choice_on_a_branchy_graph() -> None:
+    """Both paths choose cuts of the same predicted latency wherever enumeration can run,
+    and the min-cut path needs its max-flows for that (not just the single-tensor cuts)."""
 
     model = inception_like(2)
     for i, node in enumerate(model.graph.node):  # as passes.optimize names them
@@ -316,20 +346,7 @@ def test_min_cut_choice_equals_exhaustive_choice_on_a_branchy_graph() -> None:
         rng = np.random.default_rng(seed)
         edge = {n.name: float(rng.lognormal(-7, 1.5)) for n in a.nodes}
         cloud = {n.name: float(rng.lognormal(-9, 1.5)) for n in a.nodes}
-        for uplink in (0.1e6, 2e6, 30e6, 1e9):
-            link = Link.fixed(uplink, 1e9, 0.0)
-            best = rank(cut_costs(every, a, edge, cloud), link)[0]
-            pricing = Pricing.of(big, edge, cloud, {}, WireModel())
-            found = auto_candidates(
-                big, pricing, link, "latency", Constraints(), [], lambda _: None
-            )
-            plans, _, refused = found.plans(big)
-            assert refused == 0
-            got = rank(cut_costs(plans, a, edge, cloud), link)[0]
-            assert predict_latency(got.cost, link) == pytest.approx(
-                predict_latency(best.cost, link), rel=1e-9
-            ), (seed, uplink)
-            chosen = next(p for p in plans if p.id == got.cost.cut_id)
+        for _, chosen in min_cut_choices(a, every, big, edge, cloud, seed):
             needed_a_flow += chosen.edge_units not in easy
     assert needed_a_flow > 0
 
@@ -452,11 +469,7 @@ def test_split_auto_past_max_cuts_keeps_traces_objectives_and_constraints(
 def test_min_cut_path_matches_the_list_on_the_zoo(zoo_dir: Path, name: str) -> None:
     """On every zoo model (attention masks, shape arithmetic, several inputs and outputs):
     the min-cut path's choice is as good as the full list's, and its cuts compose."""
-    from splitinfer.partitioner.costmodel import WireModel, cut_costs
-    from splitinfer.partitioner.cutchoice import Pricing, auto_candidates
     from splitinfer.partitioner.pipeline import prepare
-    from splitinfer.shared.costs import Constraints, predict_latency, rank
-    from splitinfer.shared.links import Link
 
     p = prepare(zoo_dir / f"{name}.onnx")
     a = p.analysis
@@ -471,19 +484,7 @@ def test_min_cut_path_matches_the_list_on_the_zoo(zoo_dir: Path, name: str) -> N
         pairs = list(zip(a.nodes, a.data_node, strict=True))
         edge = {n.name: float(rng.lognormal(-7, 1.5)) * d for n, d in pairs}
         cloud = {n.name: float(rng.lognormal(-9, 1.5)) * d for n, d in pairs}
-        pricing = Pricing.of(big, edge, cloud, {}, WireModel())
-        for uplink in (0.1e6, 2e6, 30e6, 1e9):
-            link = Link.fixed(uplink, 1e9, 0.0)
-            best = rank(cut_costs(every, a, edge, cloud), link)[0]
-            found = auto_candidates(
-                big, pricing, link, "latency", Constraints(), [], lambda _: None
-            )
-            plans, _, refused = found.plans(big)
-            assert refused == 0
-            got = rank(cut_costs(plans, a, edge, cloud), link)[0]
-            assert predict_latency(got.cost, link) == pytest.approx(
-                predict_latency(best.cost, link), rel=1e-9
-            ), (seed, uplink)
+        for plans, _ in min_cut_choices(a, every, big, edge, cloud, seed):
             for plan in plans:
                 if plan.id not in seen:
                     seen.add(plan.id)

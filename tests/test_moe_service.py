@@ -15,13 +15,14 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from daemons import BIN, Proc
+from daemons import daemon
 
 from splitinfer.cloud.config import RuntimeConfig
 from splitinfer.cloud.moe.runtime import UNBOUNDED, cache_config
 from splitinfer.models.moe import INPUT_SHAPES, moe_transformer, reference
 from splitinfer.partitioner.moe_export import export_moe_package
 from splitinfer.shared.errors import ConfigError
+from splitinfer.sim.daemon import Daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -45,16 +46,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 
 
 @pytest.fixture(scope="module")
-def cloud(world: World) -> Iterator[Proc]:
-    proc = Proc(
-        [
-            str(BIN / "cloud-service"),
-            "--repository", str(world.repo),
-            "--listen", "127.0.0.1:0",
-            "--no-auth",
-            "--expert-cache-bytes", str(2 * world.one_expert),
-        ],
-        "listening on ",
+def cloud(world: World) -> Iterator[Daemon]:
+    proc = daemon(
+        "cloud-service",
+        "--repository", world.repo,
+        "--listen", "127.0.0.1:0",
+        "--no-auth",
+        "--expert-cache-bytes", str(2 * world.one_expert),
     )  # fmt: skip
     yield proc
     proc.stop()
@@ -67,18 +65,12 @@ def npy(array: np.ndarray) -> bytes:
 
 
 def test_an_edge_agent_gets_the_reference_through_a_small_expert_cache(
-    world: World, cloud: Proc
+    world: World, cloud: Daemon
 ) -> None:
     assert 2 * world.one_expert < world.all_experts / 4  # the cache really is small
-    agent = Proc(
-        [
-            str(BIN / "edge-agent"),
-            "--package", str(world.pkg),
-            "--cloud", cloud.url,
-            "--listen", "127.0.0.1:0",
-        ],
-        "listening on ",
-    )  # fmt: skip
+    agent = daemon(
+        "edge-agent", "--package", world.pkg, "--cloud", cloud.url, "--listen", "127.0.0.1:0"
+    )
     rng = np.random.default_rng(5)
     xs = [
         rng.standard_normal((batch, *INPUT_SHAPES["transformer"])).astype(np.float32)
