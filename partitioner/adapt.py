@@ -51,6 +51,7 @@ from splitinfer.partitioner.wirecodec import WirePlan, plan_wire
 from splitinfer.shared.codecs import QuantParams, dequantize, quantize
 from splitinfer.shared.errors import ConfigError, ModelError
 from splitinfer.shared.manifest import PrivacySpec
+from splitinfer.shared.ortsession import open_session
 from splitinfer.shared.privacy import clip_and_noise
 
 Feed = dict[str, np.ndarray]
@@ -117,7 +118,6 @@ def torch_device(requested: str | None) -> str:
 def run_model(
     model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], extra: Sequence[str] = ()
 ) -> Feed:
-    import onnxruntime as ort
 
     probe = model
     if extra:
@@ -129,9 +129,7 @@ def run_model(
                 probe.graph.output.append(
                     helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
                 )
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = open_session(probe)
     names = [o.name for o in sess.get_outputs()]
     wanted = {i.name: feeds[i.name] for i in sess.get_inputs()}
     return dict(zip(names, sess.run(names, wanted), strict=True))

@@ -18,6 +18,7 @@ import numpy.typing as npt
 import onnx
 
 from splitinfer.shared.errors import ConfigError, ModelError
+from splitinfer.shared.ortsession import open_session
 
 Array = npt.NDArray[Any]
 Feed = dict[str, Array]
@@ -59,13 +60,7 @@ class Agreement:
 
 
 def _session(model: onnx.ModelProto, optimize: bool) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if not optimize:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return open_session(model, optimize="all" if optimize else "none")
 
 
 def _run_all(model: onnx.ModelProto, samples: Sequence[Feed], optimize: bool) -> list[list[Array]]:

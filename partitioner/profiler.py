@@ -45,9 +45,9 @@ from onnx import TensorProto, helper
 
 from splitinfer.partitioner.analysis import GraphAnalysis, analyse
 from splitinfer.partitioner.flops import all_flops
-from splitinfer.partitioner.nodeprofile import NodeProfile
 from splitinfer.partitioner.runtime_map import Attributor, load_runtime_graph, node_keys
 from splitinfer.shared.errors import ConfigError, ModelError
+from splitinfer.shared.nodeprofile import NodeProfile
 
 __all__ = ["NodeProfile", "executor_costs", "host_device_name", "measure_nodes"]
 

@@ -36,13 +36,14 @@ from splitinfer.edge.model import EdgeModel, load_model, sample_inputs
 from splitinfer.edge.pipeline import Pipeline
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
 from splitinfer.shared.errors import SplitInferError
+from splitinfer.shared.manifest import load_manifest
 from splitinfer.sim.agents import AgentProcess, ProcessDevice, agent_argv, agent_status, started
 from splitinfer.sim.cloud import CloudService, batch_sizes
 from splitinfer.sim.config import LinkConfig
 from splitinfer.sim.device import emulated
 from splitinfer.sim.link import EmulatedLink
 from splitinfer.sim.scenario import Scenario
-from splitinfer.sim.strategies import Strategy
+from splitinfer.sim.strategies import Strategy, build, device_profile
 from splitinfer.sim.workload import Device, RequestRecord, StrategyRun, drive
 
 __all__ = [
@@ -214,8 +215,6 @@ async def run_strategy(
     """One strategy: its agents behind fresh links, the workload, the counters.
     ``profile``: the device (see :func:`~splitinfer.sim.strategies.device_profile`);
     ``logs``: the folder of the agent processes' logs (default: beside the package)."""
-    from splitinfer.shared.manifest import load_manifest
-
     edge = scenario.edge
     work = scenario.workload
     profile = None if profile is None else str(profile)
@@ -330,8 +329,6 @@ async def _run_processes(
 
 async def run_scenario(scenario: Scenario, out_dir: Path) -> list[StrategyRun]:
     """Build every strategy's package, start the cloud, run the strategies one by one."""
-    from splitinfer.sim.strategies import build, device_profile
-
     out_dir.mkdir(parents=True, exist_ok=True)
     repo = out_dir / "repository"
     profile = device_profile(scenario, out_dir / "work")

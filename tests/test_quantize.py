@@ -711,8 +711,8 @@ def test_a_tensorrt_segment_that_breaks_the_rules_is_refused(
 
 
 def test_the_edge_profile_chooses_the_recipe(tmp_path: Path) -> None:
-    from splitinfer.partitioner.nodeprofile import NodeProfile
     from splitinfer.partitioner.profiles import BUILTIN
+    from splitinfer.shared.nodeprofile import NodeProfile
 
     trt = next(name for name, p in BUILTIN.items() if p.runtime == "tensorrt")
     cpu = next(name for name, p in BUILTIN.items() if p.runtime == "onnxruntime-cpu")
