@@ -48,18 +48,19 @@ def build_ocr(
         f"exported {ocr.source_model()} with an argmax head (checked against the source), "
         f"drew {CALIBRATION} + {samples} captchas in {time.perf_counter() - t0:.1f} s -> {model}"
     )
-    plan = [str(model), "--calibration", str(calib), "--trace", str(trace), "--rtt", "40ms",
+    base = [str(model), "--calibration", str(calib)]
+    # png: lossless on these 256-level inputs. (--input-codec auto would accept jpeg: the
+    # partitioner's agreement metric reads this int64 output as if it were logits.)
+    plan = [*base, "--input-codec", "png", "--trace", str(trace), "--rtt", "40ms",
             "--edge-profile", DEVICE]  # fmt: skip
     pk = out / "packages"
     t0 = time.perf_counter()
     _partition([*plan, "--split", "auto", "--candidates", "3", "-o", str(pk / "auto"),
                 "--report", str(out / "cuts.png")])  # fmt: skip
-    _partition(
-        [*plan[:3], "--split", "none", "--input-codec", "auto", "-o", str(pk / "cloud-only")]
-    )
-    _partition([*plan[:3], "--split", "all", "--precision", "int8", "-o", str(pk / "edge")])
+    _partition([*base, "--input-codec", "png", "--split", "none", "-o", str(pk / "cloud-only")])
+    _partition([*base, "--split", "all", "--precision", "int8", "-o", str(pk / "edge")])
     if with_private:
-        _partition([*plan, "--split", "auto", "-o", str(pk / "private"),
+        _partition([*plan, "--split", "auto", "--candidates", "3", "-o", str(pk / "private"),
                     "--epsilon", str(epsilon), "--clip", "1"])  # fmt: skip
     _say(f"partitioned {3 + with_private} ways in {time.perf_counter() - t0:.1f} s")
     repo = out / "repository" / MODEL_NAME
@@ -71,7 +72,7 @@ def build_ocr(
         Strategy("auto (its choice)", pk / "auto", "1", "INT8 edge, run-time candidates"),
         Strategy(f"split at {split}", pk / "auto", "1", "run-time candidate, pinned",
                  force_cut=split),
-        Strategy("cloud-only", pk / "cloud-only", "2", "input codec measured (auto)"),
+        Strategy("cloud-only", pk / "cloud-only", "2", "input as PNG (lossless)"),
         Strategy("edge-only", pk / "edge", None, "INT8, no network"),
     ]  # fmt: skip
     if with_private:

@@ -153,19 +153,43 @@ def verify_export(model: Path, x: Float32) -> None:
             raise ConfigError(f"{model}: the argmax head disagrees with {source_model()}")
 
 
+class _SeededSecrets:
+    """The three ``secrets`` functions ``captcha.image`` draws from, off a seeded generator."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def randbelow(self, n: int) -> int:
+        return self._rng.randrange(n)
+
+    def randbits(self, k: int) -> int:
+        return self._rng.getrandbits(k)
+
+    def choice(self, seq: Sequence[Any]) -> Any:
+        return self._rng.choice(seq)
+
+
 def make_captchas(n: int, seed: int) -> tuple[Float32, list[str]]:
-    """``n`` captchas of random strings: float32 ``[n, 1, 64, WIDTH]`` in 0..1 and the texts."""
-    from captcha.image import ImageCaptcha
+    """``n`` captchas of random strings: float32 ``[n, 1, 64, WIDTH]`` in 0..1 and the texts.
+
+    The same ``seed`` draws the same images: ``captcha.image`` takes its noise from
+    the ``secrets`` module, which it is handed a seeded stand-in for while drawing.
+    """
+    from captcha import image as captcha_image
     from PIL import Image
 
     rng = random.Random(seed)
-    random.seed(seed)  # the captcha package draws its noise from the global generator
-    gen = ImageCaptcha(width=CAPTCHA_SIZE[0], height=CAPTCHA_SIZE[1])
+    gen = captcha_image.ImageCaptcha(width=CAPTCHA_SIZE[0], height=CAPTCHA_SIZE[1])
     texts = ["".join(rng.choice(ALPHABET) for _ in range(TEXT_LENGTH)) for _ in range(n)]
     x = np.empty((n, 1, HEIGHT, WIDTH), np.float32)
-    for i, text in enumerate(texts):
-        img = gen.generate_image(text).resize((WIDTH, HEIGHT), Image.Resampling.LANCZOS)
-        x[i, 0] = np.asarray(img.convert("L"), np.float32) / 255.0
+    real = captcha_image.secrets
+    captcha_image.secrets = _SeededSecrets(rng)  # type: ignore[assignment]
+    try:
+        for i, text in enumerate(texts):
+            img = gen.generate_image(text).resize((WIDTH, HEIGHT), Image.Resampling.LANCZOS)
+            x[i, 0] = np.asarray(img.convert("L"), np.float32) / 255.0
+    finally:
+        captcha_image.secrets = real
     return x, texts
 
 
