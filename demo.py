@@ -402,13 +402,20 @@ def explain_choice(package: Path) -> str:
         return text + " No interior cut was packaged (none predicted within reach)."
     best = min(splits, key=lambda c: c.predicted.get("latency_p50_s", 0.0))
     q, r = best.predicted, cloud.predicted
+    sent, raw = int(q.get("up_bytes", 0)), int(r.get("up_bytes", 0))
+    front = q.get("edge_s", 0.0) * 1e3
+    whole = next((c.predicted.get("edge_s", 0.0) * 1e3 for c in m.cuts if c.kind == "all"), None)
+    if sent >= raw:
+        why = f"it sends more than the input itself ({sent:,} B against {raw:,} B)"
+    else:
+        why = f"it sends {sent:,} B against the input's {raw:,} B"
+    share = f" ({front / whole:.0%} of the whole network's {whole:.0f} ms)" if whole else ""
     return (
-        f"{text} Not interior, because the best interior cut {best.id} still sends "
-        f"{int(q.get('up_bytes', 0)):,} B after {q.get('edge_s', 0) * 1e3:.0f} ms on the device, "
-        f"while the input itself travels in {int(r.get('up_bytes', 0)):,} B: no cut of this "
-        f"network is both cheaper to compute than the whole and smaller than its compressed "
-        f"input (predicted p50 {q.get('latency_p50_s', 0) * 1e3:.0f} ms vs "
-        f"{r.get('latency_p50_s', 0) * 1e3:.0f} ms cloud-only)."
+        f"{text} Not interior: the best interior cut, {best.id}, runs {front:.0f} ms on the "
+        f"device{share} and {why}, so it is predicted slower than both ends (p50 "
+        f"{q.get('latency_p50_s', 0) * 1e3:.0f} ms; cloud-only "
+        f"{r.get('latency_p50_s', 0) * 1e3:.0f} ms). No cut of this network shrinks the data "
+        f"far below its compressed input while leaving most of the work to the cloud."
     )
 
 
