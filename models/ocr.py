@@ -182,14 +182,15 @@ def make_captchas(n: int, seed: int) -> tuple[Float32, list[str]]:
     gen = captcha_image.ImageCaptcha(width=CAPTCHA_SIZE[0], height=CAPTCHA_SIZE[1])
     texts = ["".join(rng.choice(ALPHABET) for _ in range(TEXT_LENGTH)) for _ in range(n)]
     x = np.empty((n, 1, HEIGHT, WIDTH), np.float32)
-    real = captcha_image.secrets
-    captcha_image.secrets = _SeededSecrets(rng)  # type: ignore[assignment]
+    namespace = vars(captcha_image)  # the module's globals, where its functions look up
+    real = namespace["secrets"]
+    namespace["secrets"] = _SeededSecrets(rng)
     try:
         for i, text in enumerate(texts):
             img = gen.generate_image(text).resize((WIDTH, HEIGHT), Image.Resampling.LANCZOS)
             x[i, 0] = np.asarray(img.convert("L"), np.float32) / 255.0
     finally:
-        captcha_image.secrets = real
+        namespace["secrets"] = real
     return x, texts
 
 
