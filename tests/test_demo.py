@@ -46,10 +46,12 @@ def _rows(table: str) -> dict[str, list[str]]:
     """Row name -> fields: cut, accuracy, exact, = fp32, p50, p99, B up, B down, errors."""
     rows = {}
     for line in table.splitlines():
-        name = line.split("  ")[0].strip()
-        rest = line[len(name) :].split()
-        if name in ROWS or name.startswith("split at"):
-            rows[name] = rest
+        name = next((r for r in ROWS if line.startswith(f"{r} ")), None)
+        split = re.match(r"split at \S+?(?:, DP)?(?=\s)", line)
+        if name is None and split is not None:
+            name = split.group(0)
+        if name is not None:
+            rows[name] = line[len(name) :].split()
     return rows
 
 
