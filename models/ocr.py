@@ -132,7 +132,7 @@ def export_ocr(out: Path, width: int = WIDTH) -> Path:
 
 
 def _columns(width: int) -> int:
-    """Output columns of the recogniser at an input width (four stride-2 stages... measured)."""
+    """Output columns of the recogniser at an input width, measured by one run of the source."""
     from splitinfer.shared.ortsession import open_session
 
     sess = open_session(source_model())
