@@ -267,13 +267,13 @@ def pick_measured(
 ) -> list[CutPlan]:
     """The predicted bests, none, all, runners-up, then a spread of single-tensor cuts."""
     by_id = {p.id: p for p in plans}
-    must = [ranked[0] for ranked in predicted.values()]
+    must = list(dict.fromkeys(ranked[0] for ranked in predicted.values()))
     none = next(p.id for p in plans if p.kind == "none")
     every = next(p.id for p in plans if p.kind == "all")
     chosen = list(dict.fromkeys([none, every, *must]))
     for ranked in predicted.values():
         for cid in ranked[1:3]:
-            if len(chosen) < max(limit * 2 // 3, len(must) + 2) and cid not in chosen:
+            if len(chosen) < min(limit, max(limit * 2 // 3, len(must) + 2)) and cid not in chosen:
                 chosen.append(cid)
     single = sorted((p for p in plans if len(p.crossing) == 1 and p.kind == "split"),
                     key=lambda p: (p.edge_flops, p.id))  # fmt: skip
