@@ -121,6 +121,7 @@ class Device:
 DEVICES = {
     "raspberry-pi-5": Device("raspberry-pi-5", builtin="raspberry-pi-5"),
     "cpu/8": Device("cpu/8", slowdown=8.0),
+    "cpu/40": Device("cpu/40", slowdown=40.0),
     "cpu/400": Device("cpu/400", slowdown=400.0),
 }
 DEFAULT_DEVICES = ("raspberry-pi-5", "cpu/8")
