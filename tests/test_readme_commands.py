@@ -60,7 +60,13 @@ OURS: dict[str, tuple[str, tuple[str, ...]]] = {
     "splitinfer-triton": ("splitinfer.cloud.triton", ()),
 }
 #: programs that are not ours and are only checked to be named here
-EXTERNAL = frozenset({"mkdir", "cp", "mv", "cat", "curl", "openssl", "pip", "kill", "ls"})
+EXTERNAL = frozenset(
+    {"mkdir", "cp", "mv", "rm", "cat", "curl", "openssl", "pip", "kill", "ls", "sleep"}
+)
+#: shell keywords and builtins a block may use around our commands
+SHELL = frozenset(
+    {".", "source", "cd", "export", "until", "while", "do", "done", "if", "then", "fi"}
+)
 
 
 @dataclass
@@ -184,7 +190,7 @@ def check(argv: list[str]) -> list[str]:
         ]
     if program == "serve":
         return _check_serve(args)
-    if program not in EXTERNAL:
+    if program not in EXTERNAL | SHELL:
         return [f"unknown program {program!r} (add it to EXTERNAL if it is not ours)"]
     return []
 
