@@ -43,6 +43,7 @@ from splitinfer.partitioner.automeasure import run as _run
 from splitinfer.partitioner.automeasure import runtime as _runtime
 from splitinfer.partitioner.automeasure import samples as _samples
 from splitinfer.partitioner.automeasure import session as _session
+from splitinfer.partitioner.automeasure import source_activations as _source_activations
 from splitinfer.partitioner.automeasure import stack as _stack
 from splitinfer.partitioner.automeasure import timing_sample
 from splitinfer.partitioner.calibration import split_holdout
@@ -241,6 +242,8 @@ def auto_split(
 
     reference = _run(prepared.optimized, _stack(held), optimize=True)
     calib_stack = _stack(calib)
+    shortlisted = [by_id[c.cut_id] for c in short]
+    source = _source_activations(prepared, opts, shortlisted, held, calib_stack, ACTIVATION_BYTES)
     measured: dict[str, _Measured] = {}
     for k, cost in enumerate(short, 1):
         plan = by_id[cost.cut_id]
@@ -249,7 +252,7 @@ def auto_split(
             f"{opts.precision} edge, codec, checks"
         )
         measured[plan.id] = _build(
-            prepared, plan, cost, opts, calib, calib_stack, held, reference, ranges
+            prepared, plan, cost, opts, calib, calib_stack, held, reference, ranges, source
         )
     if opts.adapt is not None:
         from splitinfer.partitioner.adapt_auto import adapt_measured
@@ -388,6 +391,7 @@ def _build(
     held: list[Feed],
     reference: Feed,
     ranges: ModelRanges | None = None,
+    source: tuple[Feed, Feed] | None = None,
 ) -> _Measured:
     from splitinfer.partitioner.wirecodec import plan_wire
 
@@ -398,7 +402,10 @@ def _build(
         art.edge = _convert(art.edge, opts, calib, ranges)
         art.edge_precision = opts.precision
     crossing = list(plan.crossing)
-    if art.edge is not None:
+    if art.edge is not None and source is not None and opts.precision == "fp32":
+        edge_held = {t: source[0][t] for t in crossing}
+        edge_calib = {t: source[1][t] for t in crossing}
+    elif art.edge is not None:
         edge_held = _run(art.edge, held_stack, optimize=not exact)
         edge_calib = _run(art.edge, calib_stack, optimize=not exact)
     else:

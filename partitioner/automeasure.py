@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from splitinfer.partitioner.calibration import load_calibration, synthetic_calibration
+from splitinfer.partitioner.cuts import CutPlan
 from splitinfer.partitioner.pipeline import Prepared
 from splitinfer.shared.manifest import TensorSpec
 
@@ -86,6 +87,31 @@ def activations(prepared: Prepared, feeds: Feed, names: Sequence[str]) -> Feed:
     out = run(probe, feeds, optimize=False)
     out.update(feeds)
     return {n: np.asarray(out[n]) for n in names if n in out}
+
+
+def source_activations(
+    prepared: Prepared,
+    opts: AutoOptions,
+    plans: list[CutPlan],
+    held: list[Feed],
+    calib: Feed,
+    limit: int,
+) -> tuple[Feed, Feed] | None:
+    """``(held, calibration)`` values of every tensor the shortlisted cuts send, from
+    one unoptimized run of the source model each, for an fp32 edge: its segments
+    compute exactly those tensors (the same kernels, unoptimized, on the same
+    inputs), so one run stands for a run of every segment. None for another edge
+    precision, or when the values would take more than ``limit`` bytes."""
+    if opts.precision != "fp32":
+        return None
+    tensors = prepared.analysis.tensors
+    names = sorted({t for p in plans if p.kind != "none" for t in p.crossing})
+    if not names:
+        return None
+    rows = len(held) + len(next(iter(calib.values())))
+    if rows * sum(tensors[t].bytes_per_sample for t in names) > limit:
+        return None
+    return activations(prepared, stack(held), names), activations(prepared, calib, names)
 
 
 # -- node times ---------------------------------------------------------------------
