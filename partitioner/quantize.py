@@ -361,7 +361,7 @@ def quantize_model(
                     return _copy(model)
                 subset = None if ranges is None or inherited is None else ranges.subset(prepared)
                 onnx.save(prepared, str(pre))
-                if subset is None:
+                if ranges is None or subset is None:
                     method, cache = calibrate(pre, feeds, config, Path(tmp))
                 else:
                     method, cache = ranges.calibration_method, save_cache(subset, Path(tmp))
