@@ -83,14 +83,23 @@ def pick_metric(output: Array) -> str:
 
 def output_metric(reference: Array) -> str:
     """The metric whole-model outputs are compared with when cuts and wire codecs are
-    ranked: ``top1`` for ``[batch, classes>1]``, else ``cosine``."""
+    ranked: ``exact`` for integer or boolean outputs (class ids, decoded tokens: a
+    near miss is a wrong answer), ``top1`` for float ``[batch, classes>1]``, else
+    ``cosine``."""
+    if reference.dtype.kind in "iub":
+        return "exact"
     return "top1" if reference.ndim == 2 and reference.shape[1] > 1 else "cosine"
 
 
 def output_agreement(metric: str, reference: Array, got: Array) -> float:
-    """Top-1 agreement of ``got`` with ``reference``, or their mean per-sample cosine
-    similarity (a sample whose norms multiply to 0 counts as agreeing): the score
-    ``partition`` ranks cuts and wire codecs by (see :func:`output_metric`)."""
+    """The score ``partition`` ranks cuts and wire codecs by (see :func:`output_metric`):
+    the share of samples whose output is identical (``exact``), top-1 agreement of
+    ``got`` with ``reference``, or their mean per-sample cosine similarity (a sample
+    whose norms multiply to 0 counts as agreeing)."""
+    if metric == "exact":
+        rows = reference.shape[0] if reference.ndim else 1
+        same = reference.reshape(rows, -1) == got.reshape(rows, -1)
+        return float(np.mean(same.all(axis=1)))
     if metric == "top1":
         return float(np.mean(reference.argmax(axis=1) == got.argmax(axis=1)))
     r = reference.reshape(reference.shape[0], -1).astype(np.float64)

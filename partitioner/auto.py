@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from splitinfer.partitioner.agreement import output_agreement, output_metric
 from splitinfer.partitioner.automeasure import activations as _activations
 from splitinfer.partitioner.automeasure import convert as _convert
 from splitinfer.partitioner.automeasure import edge_ranges as _edge_ranges
@@ -412,10 +413,10 @@ def _build(
         edge_held, edge_calib = dict(held_stack), dict(calib_stack)
     out_name = prepared.analysis.outputs[0]
     ref = reference[out_name]
-    metric = "top1" if ref.ndim == 2 and ref.shape[1] > 1 else "cosine"
+    metric = output_metric(ref)
 
     def score_outputs(got: np.ndarray) -> float:
-        return _agree(metric, ref, got)
+        return output_agreement(metric, ref, got)
 
     if art.cloud is None:  # all edge: the edge segment gives the outputs
         value = score_outputs(edge_held[out_name])
@@ -454,7 +455,7 @@ def _build(
     calib_out = cloud_out(scored)
 
     def score_wire(rounded: Mapping[str, np.ndarray]) -> float:
-        return _agree(
+        return output_agreement(
             metric, calib_out, cloud_out({t: v[:SCORE_SAMPLES] for t, v in rounded.items()})
         )
 
@@ -490,17 +491,6 @@ def _project(x: np.ndarray, bn: Any) -> np.ndarray:
     flat = x.reshape(x.shape[0], -1).astype(np.float32) - bn.mean
     out: np.ndarray = flat @ bn.components.T
     return out
-
-
-def _agree(metric: str, ref: np.ndarray, got: np.ndarray) -> float:
-    """Top-1 agreement, or mean cosine similarity per sample."""
-    if metric == "top1":
-        return float(np.mean(ref.argmax(axis=1) == got.argmax(axis=1)))
-    r = ref.reshape(ref.shape[0], -1).astype(np.float64)
-    g = got.reshape(got.shape[0], -1).astype(np.float64)
-    den = np.linalg.norm(r, axis=1) * np.linalg.norm(g, axis=1)
-    cos = np.where(den > 0, (r * g).sum(axis=1) / np.maximum(den, 1e-300), 1.0)
-    return float(np.mean(cos))
 
 
 def _check_min(
