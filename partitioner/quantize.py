@@ -110,6 +110,15 @@ def activations_for(runtime: str) -> str:
     raise ConfigError(f"runtime {runtime!r} has no INT8 activation type; use one of {known}")
 
 
+#: DequantizeLinear gained its ``axis`` (per-channel weight scales) in opset 13; an
+#: older model gets per-tensor weight scales rather than a graph the checker refuses.
+PER_AXIS_OPSET = 13
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
 def config_for(runtime: str, method: str = "minmax", per_channel: bool = True) -> QuantConfig:
     """The :class:`QuantConfig` for a target runtime.
 
@@ -371,7 +380,7 @@ def quantize_model(
                         str(out),
                         None,
                         quant_format=QuantFormat.QDQ,
-                        per_channel=config.per_channel,
+                        per_channel=config.per_channel and _opset(prepared) >= PER_AXIS_OPSET,
                         reduce_range=config.reduce_range,
                         activation_type=activation_type,
                         weight_type=QuantType.QInt8,
