@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint typecheck pytest bench bench-quick clean
+.PHONY: install demo demo-quick test lint typecheck pytest bench bench-quick clean
 
 install: $(STAMP)
 
@@ -23,8 +23,13 @@ $(STAMP): pyproject.toml
 		echo "no redis-server: the shared nonce store tests will skip"
 	touch $(STAMP)
 
+# The main job on ddddocr's trained captcha recogniser (a few minutes; docs/demo.md);
+# demo-quick: the same on the small digits classifier (about a minute).
 demo: $(STAMP)
 	$(BIN)/splitinfer-demo
+
+demo-quick: $(STAMP)
+	$(BIN)/splitinfer-demo --quick
 
 test: lint typecheck pytest
 
@@ -37,7 +42,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	@mkdir -p build/typecheck && ln -sfn ../.. build/typecheck/splitinfer
 	MYPYPATH=build/typecheck $(BIN)/mypy -p splitinfer.shared -p splitinfer.serving -p splitinfer.partitioner \
-		-p splitinfer.edge -p splitinfer.cloud -p splitinfer.sim -p splitinfer.models -m splitinfer.demo
+		-p splitinfer.edge -p splitinfer.cloud -p splitinfer.sim -p splitinfer.models -m splitinfer.demo \
+		-m splitinfer.demo_ocr -m splitinfer.demo_plots -m splitinfer.demo_digits
 
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -1,19 +1,22 @@
-"""``splitinfer-demo``: the main job, end to end, on the built-in default.
+"""``splitinfer-demo``: the main job, end to end, on a real trained network.
 
-1. Trains the digits classifier on scikit-learn's bundled digits (seconds) and
-   exports it to ONNX.
-2. Partitions it with ``--split auto`` (INT8 edge, calibrated on training
-   digits, run-time candidates), and also as cloud-only (``--split none``),
-   edge-only (``--split all``) and once with differential privacy on, its
-   cloud segment and a learned 10-dimensional code fine-tuned for the noise
-   (``--adapt-cloud``, issue 19).
+1. Gets the model: by default ddddocr's captcha recogniser (trained weights
+   shipped in the ``ddddocr`` wheel, :mod:`splitinfer.demo_ocr`) with an argmax
+   head, and draws captchas with known text; with ``--quick`` it trains the
+   small digits classifier on scikit-learn's bundled digits instead.
+2. Partitions it with ``--split auto`` (INT8 edge, calibrated, run-time
+   candidates, planned for the emulated device and the uplink trace), and also
+   as cloud-only (``--split none``), edge-only (``--split all``) and once with
+   differential privacy on.
 3. Starts a real ``cloud-service`` and one real ``edge-agent`` per strategy on
    loopback, every agent behind an emulated cellular uplink (a Mahimahi trace
-   bundled in ``sim/traces/``), all signed with
-   a fresh device credential.
-4. Sends the held-out digits through each agent and prints one table:
-   accuracy against the labels and agreement with the fp32 model, p50/p99
-   latency, bytes per request on the wire.
+   bundled in ``sim/traces/``) and, for the OCR job, emulating a Raspberry Pi 5,
+   all signed with a fresh device credential.
+4. Sends the held-out inputs through each agent and prints one table:
+   accuracy against the ground truth, exact match, agreement with the fp32
+   model, p50/p99 latency, bytes per request on the wire; says why the chosen
+   cut is where it is; draws ``cuts.png`` (the per-cut edge/transfer/cloud bars,
+   chosen cut marked) and ``latency-cdf.png`` (one curve per strategy).
 
 Everything it starts is stopped on the way out, also on errors and Ctrl-C.
 """
@@ -30,10 +33,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -41,9 +44,9 @@ from splitinfer.shared.cli import run_cli
 from splitinfer.shared.contract import HEADER_CUT, HEADER_LOCAL
 from splitinfer.shared.errors import ConfigError
 
-DEFAULT_TRACE = "Verizon-LTE-short.up"
-#: --adapt-seconds of the private run: the fine-tune that keeps its answers usable.
-ADAPT_SECONDS = 20
+#: The OCR job's uplink: the slowest LTE trace (1.9 Mbit/s mean, outages while driving).
+DEFAULT_TRACE = "ATT-LTE-driving-2016.up"
+QUICK_TRACE = "Verizon-LTE-short.up"
 START_TIMEOUT_S = 60.0
 
 
@@ -59,12 +62,28 @@ class Strategy:
     note: str = ""
     force_cut: str | None = None  # sent as X-Splitinfer-Cut: pin a candidate cut
     latencies: list[float] = field(default_factory=list)
-    predictions: list[int] = field(default_factory=list)
+    predictions: list[Any] = field(default_factory=list)  # None: no answer
     cuts: set[str] = field(default_factory=set)
     local: int = 0
     errors: int = 0
     up_bytes: int = 0
     down_bytes: int = 0
+
+
+@dataclass
+class Job:
+    """What the agents are sent and how their answers are scored."""
+
+    name: str  # the model's name in the cloud repository
+    what: str  # "digits", "captchas"
+    x: np.ndarray
+    truth: list[Any]
+    fp32: list[Any]  # the source model's answers
+    decode: Callable[[Any], Any]  # the agent's npz answer -> one answer
+    score: Callable[[list[Any], list[Any]], float]  # accuracy of answers vs truth
+    metric: str
+    emulate: str | None  # edge profile every agent emulates
+    auto_package: Path
 
 
 # -- processes ----------------------------------------------------------------------
@@ -148,56 +167,7 @@ def _partition(argv: list[str]) -> None:
         raise ConfigError(f"partition {' '.join(argv)} failed (exit {code})")
 
 
-def build(out: Path, trace: Path, epsilon: float) -> tuple[list[Strategy], dict[str, np.ndarray]]:
-    from splitinfer.models.digits import export_digits, load_digits_split, train_digits_cnn
-
-    t0 = time.perf_counter()
-    x_train, _, x_test, y_test = load_digits_split(0)
-    net = train_digits_cnn(seed=0)
-    model = export_digits(out / "digits.onnx", seed=0, net=net)
-    calib = out / "calibration"
-    calib.mkdir(exist_ok=True)
-    np.save(calib / "train.npy", x_train[:256])
-    _say(f"trained and exported the digits CNN in {time.perf_counter() - t0:.1f} s -> {model}")
-    link = ["--trace", str(trace)]
-    common = [str(model), "--calibration", str(calib), *link, "--rtt", "40ms"]
-    pk = out / "packages"
-    t0 = time.perf_counter()
-    _partition([*common, "--split", "auto", "--candidates", "3", "-o", str(pk / "auto")])
-    _partition([str(model), "--split", "none", "-o", str(pk / "cloud-only")])
-    _partition([*common[:3], "--split", "all", "--precision", "int8", "-o", str(pk / "edge")])
-    clip = _median_norm(out, pk)
-    _partition(
-        [*common, "--split", "auto", "-o", str(pk / "private"), "--epsilon", str(epsilon),
-         "--clip", f"{clip:.3g}", "--bottleneck", "10", "--adapt-cloud",
-         "--adapt-seconds", str(ADAPT_SECONDS), "--candidates", "3"]
-    )  # fmt: skip
-    _say(f"partitioned four ways in {time.perf_counter() - t0:.1f} s")
-    repo = out / "repository" / "digits"
-    for version, name in (("1", "auto"), ("2", "cloud-only"), ("3", "private")):
-        shutil.copytree(pk / name, repo / version)
-    data: dict[str, np.ndarray] = {"x": x_test, "y": y_test, "fp32": _fp32(model, x_test)}
-    split = _split_candidate(pk / "auto")
-    private = _split_candidate(pk / "private")
-    strategies = [
-        Strategy("auto (its choice)", pk / "auto", "1", "INT8 edge"),
-        Strategy(
-            f"split at {split}", pk / "auto", "1", "run-time candidate, pinned", force_cut=split
-        ),
-        Strategy("cloud-only", pk / "cloud-only", "2", "raw input, int8+zstd"),
-        Strategy("edge-only", pk / "edge", None, "INT8, no network"),
-        Strategy(
-            f"split at {private}, DP",
-            pk / "private",
-            "3",
-            f"eps={epsilon:g} per request, adapted code-10, clip {clip:.3g}",
-            force_cut=private,
-        ),
-    ]
-    return strategies, data
-
-
-def _split_candidate(package: Path) -> str | None:
+def split_candidate(package: Path) -> str | None:
     """The package's best-predicted cut that really splits (None if it has none)."""
     from splitinfer.shared.manifest import load_manifest
 
@@ -208,41 +178,16 @@ def _split_candidate(package: Path) -> str | None:
     return min(splits, key=lambda c: c.predicted.get("latency_mean_s", 0.0)).id
 
 
-def _median_norm(out: Path, packages: Path) -> float:
-    """A clip norm for the private run: the median L2 norm of the auto cut's activations."""
-    import onnxruntime as ort
-
-    from splitinfer.shared.manifest import load_manifest
-
-    m = load_manifest(packages / "auto")
-    cut = next((c for c in m.cuts if c.kind == "split" and c.edge is not None), None)
-    if cut is None or cut.edge is None:
-        return 10.0
-    x = np.load(out / "calibration" / "train.npy")
-    sess = ort.InferenceSession(str(packages / "auto" / cut.edge.file))
-    acts = sess.run(None, {"x": x})
-    flat = np.concatenate([a.reshape(len(x), -1) for a in acts], axis=1)
-    return float(np.median(np.linalg.norm(flat, axis=1)))
-
-
-def _fp32(model: Path, x: np.ndarray) -> np.ndarray:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    preds: np.ndarray = sess.run(None, {"x": x})[0].argmax(axis=1)
-    return preds
-
-
 # -- running ------------------------------------------------------------------------
 
 
-async def _send(url: str, strategy: Strategy, x: np.ndarray, streams: int) -> None:
+async def _send(url: str, strategy: Strategy, job: Job, x: np.ndarray, streams: int) -> None:
     import aiohttp
 
     order = asyncio.Queue[int]()
     for i in range(len(x)):
         order.put_nowait(i)
-    preds: dict[int, int] = {}
+    preds: dict[int, Any] = {}
 
     async def worker(session: aiohttp.ClientSession) -> None:
         while not order.empty():
@@ -264,17 +209,16 @@ async def _send(url: str, strategy: Strategy, x: np.ndarray, streams: int) -> No
                 strategy.latencies.append(elapsed)
                 strategy.cuts.add(resp.headers.get(HEADER_CUT, "?"))
                 strategy.local += resp.headers.get(HEADER_LOCAL) == "1"
-                out = np.load(io.BytesIO(body))
-                preds[i] = int(out["logits"].argmax())
+                preds[i] = job.decode(np.load(io.BytesIO(body)))
 
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(worker(session) for _ in range(streams)))
-    strategy.predictions = [preds.get(i, -1) for i in range(len(x))]
+    strategy.predictions = [preds.get(i) for i in range(len(x))]
 
 
 async def _run_all(
     strategies: list[Strategy],
-    data: dict[str, np.ndarray],
+    job: Job,
     cloud_url: str,
     daemons: Daemons,
     args: argparse.Namespace,
@@ -285,7 +229,7 @@ async def _run_all(
     from splitinfer.sim.link import EmulatedLink
 
     host, port = cloud_url.removeprefix("http://").rsplit(":", 1)
-    x = data["x"][: args.samples]
+    x = job.x[: args.samples]
     for s in strategies:
         if s.force_cut is None and s.name.startswith("split at"):
             _say(f"{s.name}: the package has no split candidate; skipped")
@@ -297,37 +241,86 @@ async def _run_all(
                     "--credentials", str(credentials),
                     "--cloud", f"http://127.0.0.1:{link.port}"]  # fmt: skip
             if s.version is not None:
-                argv += ["--model", f"digits:{s.version}"]
+                argv += ["--model", f"{job.name}:{s.version}"]
+            if job.emulate is not None:
+                argv += ["--runtime-emulate-device", job.emulate]
             _say(f"{s.name}: starting an edge agent behind {config.describe()}")
             tag = "".join(ch if ch.isalnum() else "-" for ch in s.name)
             url = await asyncio.to_thread(daemons.start, f"edge-agent-{tag}", argv, "stderr")
             t0 = time.perf_counter()
-            await _send(url, s, x, args.streams)
+            await _send(url, s, job, x, args.streams)
             s.up_bytes = link.uplink_stats.delivered_bytes
             s.down_bytes = link.downlink_stats.delivered_bytes
-            _say(f"{s.name}: {len(x)} digits in {time.perf_counter() - t0:.1f} s")
+            _say(f"{s.name}: {len(x)} {job.what} in {time.perf_counter() - t0:.1f} s")
 
 
-def _table(strategies: list[Strategy], data: dict[str, np.ndarray], n: int) -> str:
-    y, ref = data["y"][:n], data["fp32"][:n]
-    fp32_acc = float(np.mean(ref == y))
+def _table(strategies: list[Strategy], job: Job, n: int) -> str:
+    truth, ref = job.truth[:n], job.fp32[:n]
+
+    def exact(pred: list[Any], want: list[Any]) -> float:
+        return float(np.mean([p == w for p, w in zip(pred, want, strict=True)]))
+
     head = (
-        f"{'strategy':<22} {'cut':<10} {'accuracy':>8} {'= fp32':>7} {'p50 ms':>8} "
+        f"{'strategy':<22} {'cut':<10} {job.metric:>8} {'exact':>6} {'= fp32':>7} {'p50 ms':>8} "
         f"{'p99 ms':>8} {'B up/req':>9} {'B down/req':>10} {'errors':>6}  note"
     )
-    lines = [head, f"{'fp32 model (reference)':<22} {'-':<10} {fp32_acc:>8.4f} {1:>7.4f}"]
+    lines = [
+        head,
+        f"{'fp32 model (reference)':<22} {'-':<10} {job.score(ref, truth):>8.4f} "
+        f"{exact(ref, truth):>6.3f} {1:>7.4f}",
+    ]
     for s in strategies:
-        pred = np.array(s.predictions)
-        ok = pred >= 0
+        if not s.predictions:
+            continue
+        pred = s.predictions[:n]
         lat = np.array(s.latencies) * 1e3 if s.latencies else np.array([np.nan])
-        done = max(1, int(ok.sum()))
+        done = max(1, sum(p is not None for p in pred))
         lines.append(
-            f"{s.name:<22} {','.join(sorted(s.cuts)):<10} {np.mean(pred == y):>8.4f} "
-            f"{np.mean(pred[ok] == ref[ok]) if ok.any() else 0:>7.4f} "
+            f"{s.name:<22} {','.join(sorted(s.cuts)):<10} {job.score(pred, truth):>8.4f} "
+            f"{exact(pred, truth):>6.3f} {exact(pred, ref):>7.4f} "
             f"{np.percentile(lat, 50):>8.1f} {np.percentile(lat, 99):>8.1f} "
             f"{s.up_bytes / done:>9.0f} {s.down_bytes / done:>10.0f} {s.errors:>6}  {s.note}"
         )
     return "\n".join(lines)
+
+
+def explain_choice(package: Path) -> str:
+    """One paragraph: the cut ``--split auto`` chose and, when it is not interior, why not
+    (from the package's predicted costs)."""
+    from splitinfer.shared.manifest import load_manifest
+
+    m = load_manifest(package)
+    by_id = {c.id: c for c in m.cuts}
+    chosen = by_id[m.default_cut]
+    p = chosen.predicted
+    text = (
+        f"--split auto chose {chosen.id} ({chosen.kind}): predicted p50 "
+        f"{p.get('latency_p50_s', 0) * 1e3:.0f} ms, edge {p.get('edge_s', 0) * 1e3:.0f} ms, "
+        f"{int(p.get('up_bytes', 0)):,} B up."
+    )
+    if chosen.kind == "split":
+        return text + " The cut is interior: the device runs the front, the cloud the rest."
+    splits = [c for c in m.cuts if c.kind == "split"]
+    cloud = next((c for c in m.cuts if c.kind == "none"), None)
+    if not splits or cloud is None:
+        return text + " No interior cut was packaged (none predicted within reach)."
+    best = min(splits, key=lambda c: c.predicted.get("latency_p50_s", 0.0))
+    q, r = best.predicted, cloud.predicted
+    sent, raw = int(q.get("up_bytes", 0)), int(r.get("up_bytes", 0))
+    front = q.get("edge_s", 0.0) * 1e3
+    whole = next((c.predicted.get("edge_s", 0.0) * 1e3 for c in m.cuts if c.kind == "all"), None)
+    if sent >= raw:
+        why = f"it sends more than the input itself ({sent:,} B against {raw:,} B)"
+    else:
+        why = f"it sends {sent:,} B against the input's {raw:,} B"
+    share = f" ({front / whole:.0%} of the whole network's {whole:.0f} ms)" if whole else ""
+    return (
+        f"{text} Not interior: the best interior cut, {best.id}, runs {front:.0f} ms on the "
+        f"device{share} and {why}, so it is predicted slower than both ends (p50 "
+        f"{q.get('latency_p50_s', 0) * 1e3:.0f} ms; cloud-only "
+        f"{r.get('latency_p50_s', 0) * 1e3:.0f} ms). No cut of this network shrinks the data "
+        f"far below its compressed input while leaving most of the work to the cloud."
+    )
 
 
 @contextlib.contextmanager
@@ -342,29 +335,57 @@ def _daemons(log_dir: Path) -> Iterator[Daemons]:
 def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="splitinfer-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("out/demo"), help="working folder")
-    parser.add_argument("--trace", type=Path, help=f"uplink trace (default {DEFAULT_TRACE})")
-    parser.add_argument("--samples", type=int, default=450, help="held-out digits to send")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the small digits classifier instead of the OCR network (seconds to build)",
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help=f"uplink trace (default {DEFAULT_TRACE}; with --quick {QUICK_TRACE})",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        help="held-out inputs to send (default 120 captchas; with --quick 450 digits)",
+    )
     parser.add_argument("--streams", type=int, default=4, help="concurrent requests per agent")
+    parser.add_argument(
+        "--no-private", action="store_true", help="leave out the differentially private run"
+    )
     parser.add_argument(
         "--epsilon",
         type=float,
         default=64.0,
         help="per-request epsilon of the private run (default 64: weak protection, but "
-        "where the adapted model still answers; see docs/privacy.md)",
+        "where the adapted digits model still answers; see docs/privacy.md)",
     )
     args = parser.parse_args(argv)
+    if args.samples is None:
+        args.samples = 450 if args.quick else 120
     if args.samples < 1 or args.streams < 1:
         raise ConfigError("--samples and --streams must be at least 1")
     from splitinfer.sim import traces
 
-    trace: Path = args.trace if args.trace is not None else traces.path(DEFAULT_TRACE)
+    default = QUICK_TRACE if args.quick else DEFAULT_TRACE
+    trace: Path = args.trace if args.trace is not None else traces.path(default)
     if not trace.is_file():
         raise ConfigError(f"--trace {trace}: no such file")
     start = time.perf_counter()
     if args.out.exists():
         shutil.rmtree(args.out)
     (args.out / "logs").mkdir(parents=True)
-    strategies, data = build(args.out, trace, args.epsilon)
+    if args.quick:
+        from splitinfer.demo_digits import build_digits
+
+        strategies, job = build_digits(args.out, trace, args.epsilon, not args.no_private)
+    else:
+        from splitinfer.demo_ocr import build_ocr
+
+        strategies, job = build_ocr(
+            args.out, trace, args.epsilon, args.samples, not args.no_private
+        )
 
     from splitinfer.shared.auth import generate_credential, render_toml
 
@@ -376,18 +397,27 @@ def _main(argv: Sequence[str] | None) -> int:
             "cloud-service",
             [_bin("cloud-service"), "--repository", str(args.out / "repository"),
              "--listen", "127.0.0.1:0", "--credentials", str(credentials),
-             "--set", 'models.digits.versions="all"'],
+             "--set", f'models.{job.name}.versions="all"'],
             "stdout",
         )  # fmt: skip
         _say(f"cloud-service up at {cloud}")
-        asyncio.run(_run_all(strategies, data, cloud, daemons, args, trace, credentials))
-    n = min(args.samples, len(data["x"]))
-    link = f"{trace.name} (Mahimahi)"
+        asyncio.run(_run_all(strategies, job, cloud, daemons, args, trace, credentials))
+    n = min(args.samples, len(job.x))
+    device = f", every edge agent emulating {job.emulate}" if job.emulate else ""
     print(
-        f"\n{n} held-out digits through each edge agent; uplink {link}, 20 Mbit/s down, "
-        f"40 ms RTT, {args.streams} concurrent requests\n"
+        f"\n{n} held-out {job.what} through each edge agent; uplink {trace.name} (Mahimahi), "
+        f"20 Mbit/s down, 40 ms RTT, {args.streams} concurrent requests{device}\n"
     )
-    print(_table(strategies, data, n))
+    print(_table(strategies, job, n))
+    print("\n" + explain_choice(job.auto_package))
+    pictures = [args.out / "cuts.png"] if (args.out / "cuts.png").is_file() else []
+    from splitinfer.demo_plots import latency_cdf
+
+    pictures.append(
+        latency_cdf(strategies, args.out / "latency-cdf.png", f"{job.what}, {trace.name}")
+    )
+    for pic in pictures:
+        print(f"picture: {pic}")
     took = time.perf_counter() - start
     print(f"\ndone in {took:.0f} s; packages, logs and credentials in {args.out}")
     return 0 if all(s.errors == 0 for s in strategies) else 1

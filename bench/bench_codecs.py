@@ -54,6 +54,7 @@ from splitinfer.shared.codecs import (
     RawCodec,
     calibrate_params,
 )
+from splitinfer.shared.ortsession import open_session
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
@@ -87,12 +88,7 @@ def export_zoo(out: Path, names: tuple[str, ...]) -> dict[str, Path]:
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(
-        model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"]
-    )
+    return open_session(model, threads=1, inter_threads=1, log_severity=2)
 
 
 def is_hidden_state(prepared: Prepared, name: str) -> bool:

@@ -81,16 +81,17 @@ def peak_rss_mb(daemon: Daemon) -> float:
 
 def held(port: int, peers: set[int]) -> int:
     """Server-side sockets on ``port`` still established with one of the attackers' ``peers``."""
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                local = int(fields[1].rsplit(":", 1)[1], 16)
-                remote = int(fields[2].rsplit(":", 1)[1], 16)
-                if local == port and remote in peers and fields[3] == "01":
-                    count += 1
-    return count
+    import psutil
+
+    return sum(
+        1
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED
+        and c.laddr
+        and c.laddr.port == port
+        and c.raddr
+        and c.raddr.port in peers
+    )
 
 
 def _ports(sockets: list[Any]) -> set[int]:

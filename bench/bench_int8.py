@@ -59,6 +59,7 @@ from splitinfer.partitioner.quantize import (
     quantize_model,
 )
 from splitinfer.shared.manifest import TensorSpec
+from splitinfer.shared.ortsession import open_session
 
 MODELS = ("chain", "resnet", "mobilenet", "inception")
 INPUT = TensorSpec("x", "float32", ("batch", 3, 224, 224))
@@ -116,14 +117,9 @@ def export_cnn(name: str, w: int, out: Path) -> onnx.ModelProto:
 
 
 def session(model: onnx.ModelProto, threads: int, profile: bool = False) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    opts.enable_profiling = profile
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return open_session(
+        model, optimize="all", sequential=True, threads=threads, inter_threads=1, profile=profile
+    )
 
 
 def time_round_robin(
@@ -314,11 +310,7 @@ def digits_rows(work: Path) -> list[dict[str, Any]]:
 
 
 def accuracy(model: onnx.ModelProto, x: Any, y: Any, optimize: bool) -> float:
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if not optimize:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = open_session(model, optimize="all" if optimize else "none")
     logits = sess.run(None, {"x": x})[0]
     return float(np.mean(logits.argmax(1) == y))
 

@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from splitinfer.cloud.moe.cache import CacheConfig, ExpertCache, MoEMetrics
-from splitinfer.cloud.moe.executor import MoEExecutor, MoELayerParams, MoESpec
-from splitinfer.cloud.moe.store import ExpertStore, write_layer_shard
+from splitinfer.cloud.moe.executor import MoEExecutor, MoELayerParams
+from splitinfer.cloud.moe.store import ExpertStore
+from splitinfer.shared.moe import MoESpec, write_layer_shard
 
 SKEW = 0.5  # how strongly routing favours the popular experts (0: not at all)
 

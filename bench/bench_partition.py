@@ -47,13 +47,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper
 
 from splitinfer.models.zoo import REAL, SMALL, export
 from splitinfer.partitioner.cli import main as partition
 from splitinfer.partitioner.cuts import CutSpace
 from splitinfer.partitioner.pipeline import Prepared, prepare
+from splitinfer.shared.ortsession import open_session
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
@@ -136,8 +136,7 @@ def bench(label: str, path: Path, prepared: Prepared, repeats: int, work: Path) 
     split_s = median_time(
         lambda: run_cli([str(path), "--split", middle, "-o", str(pkg), "-q"]), repeats
     )
-    providers = ["CPUExecutionProvider"]
-    ort_s = median_time(lambda: ort.InferenceSession(str(path), providers=providers), repeats)
+    ort_s = median_time(lambda: open_session(path, log_severity=2), repeats)
     return {
         "model": label,
         "nodes": prepared.nodes_after,
@@ -200,9 +199,10 @@ export(REAL[sys.argv[1]], Path(sys.argv[2]))
 """
 
 ORT_CHILD = """
-import sys, numpy as np, onnxruntime as ort
+import sys, numpy as np
+from splitinfer.shared.ortsession import open_session
 feeds = dict(np.load(sys.argv[2]))
-sess = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+sess = open_session(sys.argv[1], log_severity=2)
 sess.run(None, feeds)
 """
 

@@ -48,6 +48,7 @@ from splitinfer.partitioner.dp import (
 )
 from splitinfer.partitioner.pipeline import artifacts_for, prepare
 from splitinfer.partitioner.wirecodec import calibrate
+from splitinfer.shared.ortsession import open_session
 
 EPSILONS = (1, 2, 4, 8, 16, 32, 50, 64)  # 50: issue 19's second target
 QUICK_EPSILONS = (1, 8, 64)
@@ -56,11 +57,7 @@ REPEATS = 3  # noise draws per point
 
 
 def _session(model):  # type: ignore[no-untyped-def]
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return open_session(model)
 
 
 def _run(model, feeds):  # type: ignore[no-untyped-def]

@@ -138,13 +138,11 @@ def frames_for(manifest: Any, arrays: Any) -> list[bytes]:
 
 def session(path: Path, spinning: bool) -> Any:
     """A CPU session with the service's own session options, for the ceiling and the peer."""
-    import onnxruntime as ort
-
     from splitinfer.cloud.config import RuntimeConfig
     from splitinfer.cloud.runtime import session_options
+    from splitinfer.shared.ortsession import open_session
 
-    opts = session_options(RuntimeConfig(spinning=spinning))
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return open_session(path, options=session_options(RuntimeConfig(spinning=spinning)))
 
 
 class Bare:

@@ -47,6 +47,7 @@ import numpy as np
 import onnx
 
 from splitinfer.shared.errors import ConfigError, SplitInferError
+from splitinfer.shared.ortsession import open_session
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 PIP_LINE = "pip install onnxruntime-gpu tensorrt-cu12"
@@ -184,9 +185,8 @@ def _segment(path: Path, precision: str) -> Any:
 
 
 def _cpu(path: Path, feeds: Feed) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = open_session(path, log_severity=2)
     names = [o.name for o in sess.get_outputs()]
     wanted = {i.name: feeds[i.name] for i in sess.get_inputs()}
     return dict(zip(names, sess.run(names, wanted), strict=True))

@@ -200,18 +200,17 @@ def server(
 
 
 def group_cpu(pgid: int) -> float:
-    """CPU seconds used so far by the live processes of process group ``pgid`` (Linux)."""
+    """CPU seconds used so far by the live processes of process group ``pgid``."""
+    import psutil
+
     total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for proc in psutil.process_iter():
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
+            if os.getpgid(proc.pid) == pgid:
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except (psutil.Error, OSError):  # gone meanwhile
             continue
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / tick
     return total
 
 

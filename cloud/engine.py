@@ -37,7 +37,7 @@ from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.metrics import Metrics
 from splitinfer.cloud.overload import DeadlineUnmeetable, ShuttingDown
 from splitinfer.cloud.registry import CutRunner, LoadedVersion, Registry, RuntimeFactory
-from splitinfer.cloud.runtime import segment_factory
+from splitinfer.cloud.segments import segment_factory
 from splitinfer.cloud.tensors import Array, Arrays, bucket, sample_shape, split, stack
 from splitinfer.shared.codecs import RAW
 from splitinfer.shared.errors import ProtocolError

@@ -12,8 +12,7 @@ calls ``run`` directly, which copies nothing extra.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from splitinfer.cloud.config import RuntimeConfig
-from splitinfer.shared.errors import ModelError
+from splitinfer.shared.ortsession import open_session
+from splitinfer.shared.ortsession import session_options as shared_session_options
 
 log = logging.getLogger("splitinfer.cloud")
 
@@ -66,21 +66,15 @@ def provider_options(name: str, config: RuntimeConfig) -> dict[str, str]:
 
 
 def session_options(config: RuntimeConfig) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.intra_op_num_threads = config.intra_op_threads
-    opts.inter_op_num_threads = config.inter_op_threads
-    spin = "1" if config.spinning else "0"
-    opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
-    opts.execution_mode = (
-        ort.ExecutionMode.ORT_PARALLEL
-        if config.inter_op_threads > 1
-        else ort.ExecutionMode.ORT_SEQUENTIAL
+    """The service's SessionOptions: its threads, spinning, and parallel execution
+    when it has more than one inter-op thread."""
+    return shared_session_options(
+        threads=config.intra_op_threads,
+        inter_threads=config.inter_op_threads,
+        spinning=config.spinning,
+        parallel=config.inter_op_threads > 1,
+        sequential=config.inter_op_threads <= 1,
     )
-    return opts
 
 
 class Runtime:
@@ -96,16 +90,12 @@ class Runtime:
 
         have = ort.get_available_providers() if available is None else available
         providers = choose_providers(config.providers, have)
-        try:
-            self.session = ort.InferenceSession(
-                str(path),
-                session_options(config),
-                providers=providers,
-                provider_options=[provider_options(p, config) for p in providers],
-            )
-        except Exception as exc:  # ORT raises its own untyped errors
-            reason = " ".join(str(exc).split())[:300]
-            raise ModelError(f"{path.name}: ONNX Runtime cannot load it: {reason}") from exc
+        self.session = open_session(
+            path,
+            providers=[(p, provider_options(p, config)) for p in providers],
+            options=session_options(config),
+            name=path.name,
+        )
         self.path = path
         self.providers: list[str] = list(self.session.get_providers())
         self.inputs: tuple[str, ...] = tuple(i.name for i in self.session.get_inputs())
@@ -131,26 +121,3 @@ class Runtime:
         self.session.run_with_iobinding(binding)
         values = binding.copy_outputs_to_cpu()
         return dict(zip(self.outputs, values, strict=True))
-
-
-def segment_factory(registry: Any = None) -> Callable[[Path, RuntimeConfig], Any]:
-    """The engine's default runtime factory: ONNX segments by :class:`Runtime`, MoE
-    programs (``moe.json``, see docs/moe.md) by the MoE runtime with the expert cache
-    that ``RuntimeConfig.expert_cache_bytes`` asks for, its metrics in ``registry``.
-
-    The MoE code (and its metrics) is loaded only when an MoE package is.
-    """
-    lock = threading.Lock()
-    moe: list[Callable[[Path, RuntimeConfig], Any]] = []
-
-    def make(path: Path, config: RuntimeConfig) -> Any:
-        if path.suffix != ".json":
-            return Runtime(path, config)
-        with lock:
-            if not moe:
-                from splitinfer.cloud.moe.runtime import moe_service_factory
-
-                moe.append(moe_service_factory(registry))
-        return moe[0](path, config)
-
-    return make

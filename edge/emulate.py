@@ -31,13 +31,13 @@ import numpy as np
 from splitinfer.edge.runtime import SegmentRunner
 from splitinfer.shared.errors import ConfigError, SplitInferError
 from splitinfer.shared.manifest import Segment
+from splitinfer.shared.nodeprofile import NodeProfile
+from splitinfer.shared.profiles import BUILTIN, DeviceProfile, resolve_profile, roofline_seconds
 
 if TYPE_CHECKING:
     import onnx
 
     from splitinfer.edge.model import EdgeModel
-    from splitinfer.partitioner.nodeprofile import NodeProfile
-    from splitinfer.partitioner.profiles import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,6 @@ class DeviceEmulation:
         self, model: onnx.ModelProto, precision: str = "fp32", shapes: Mapping[str, Any] = {}
     ) -> Callable[[int], float]:
         """Seconds per run of ``model`` (one segment) by batch size, memoised."""
-        from splitinfer.partitioner.nodeprofile import NodeProfile
-
         names = [n.name for n in model.graph.node if n.op_type not in FREE_OPS]
         cache: dict[int, float] = {}
         if isinstance(self.source, NodeProfile):
@@ -113,9 +111,9 @@ def _roofline(
     shapes: Mapping[str, Any],
     cache: dict[int, float],
 ) -> Callable[[int], float]:
+    # the segment's shapes, to count its FLOPs and bytes: the partitioner's analysis
     from splitinfer.partitioner.analysis import analyse
-    from splitinfer.partitioner.profiles import roofline_times
-    from splitinfer.partitioner.runtime_map import node_keys
+    from splitinfer.partitioner.profiles import node_work
 
     inputs = {i.name for i in model.graph.input}
     overrides = {k: [1, *map(int, v)] for k, v in shapes.items() if k in inputs}
@@ -123,13 +121,12 @@ def _roofline(
         analysis = analyse(model, overrides)
     except SplitInferError as exc:
         raise ConfigError(f"runtime.emulate_device={device.name}: {exc}") from None
-    free = {
-        k for k, n in zip(node_keys(analysis), analysis.nodes, strict=True) if n.op_type in FREE_OPS
-    }
+    work = node_work(analysis)
+    free = {w.key for w in work if w.op_type in FREE_OPS}
 
     def estimate(batch: int) -> float:
         if batch not in cache:
-            times = roofline_times(analysis, device, precision, batch)
+            times = roofline_seconds(work, device, precision, batch)
             cache[batch] = float(sum(t for k, t in times.items() if k not in free))
         return cache[batch]
 
@@ -139,8 +136,6 @@ def _roofline(
 def load_device(spec: str) -> DeviceEmulation:
     """A built-in edge profile by name or a measured profile JSON by path; a one-line
     ConfigError naming the value otherwise."""
-    from splitinfer.partitioner.profiles import BUILTIN, DeviceProfile, resolve_profile
-
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(
             f"runtime.emulate_device={spec!r}: give a built-in edge profile name or a profile JSON"

@@ -30,6 +30,7 @@ from splitinfer.edge.model import sample_inputs
 from splitinfer.edge.runtime import available_providers, detect_device, select_providers
 from splitinfer.shared.errors import PackageError
 from splitinfer.shared.manifest import Manifest, Segment
+from splitinfer.shared.ortsession import open_session
 from splitinfer.shared.package import Package, open_package
 
 Array = np.ndarray[Any, Any]
@@ -37,7 +38,7 @@ Array = np.ndarray[Any, Any]
 
 @dataclass(frozen=True)
 class ProfileResult:
-    #: a ``splitinfer.partitioner.nodeprofile.NodeProfile``
+    #: a ``splitinfer.shared.nodeprofile.NodeProfile``
     profile: Any
     #: what was measured ("full.onnx", "cut c0 (cloud segment)", ...)
     measured: str
@@ -78,10 +79,9 @@ def profile_package(
     provider: str = "cpu",
 ) -> ProfileResult:
     """Measure the package's whole graph; a merged profile when it is in two segments."""
-    import onnxruntime as ort
 
-    from splitinfer.partitioner.nodeprofile import NodeProfile
     from splitinfer.partitioner.profiler import measure_nodes
+    from splitinfer.shared.nodeprofile import NodeProfile
 
     package = open_package(path)
     manifest = package.manifest
@@ -112,9 +112,7 @@ def profile_package(
                 source_sha256=manifest.source_sha256,
             )
         )
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        upstream.append(ort.InferenceSession(str(file), opts, providers=names))
+        upstream.append(open_session(file, providers=names, name=seg.file))
     if not profiles:
         raise PackageError(f"{path}: no segment holds the model's nodes")
     if len(profiles) == 1:

@@ -38,6 +38,7 @@ import numpy as np
 from splitinfer.edge.config import RuntimeConfig
 from splitinfer.shared.errors import ConfigError, ModelError
 from splitinfer.shared.manifest import Segment
+from splitinfer.shared.ortsession import open_session
 
 log = logging.getLogger(__name__)
 
@@ -248,32 +249,21 @@ def open_segment(
     ``strict``: TensorRT must take every node (ONNX Runtime may place none on
     the CPU), else a :class:`ModelError`.
     """
-    import onnxruntime as ort
 
     root = cache_root or config.trt_cache_dir or default_cache_dir()
     choices = select_providers(available, device, config, segment, root, strict=strict)
     if choices[0][0] == TENSORRT:
         Path(choices[0][1]["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if config.threads:
-        opts.intra_op_num_threads = config.threads
-    if not config.spin:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    if strict and choices[0][0] == TENSORRT:
-        opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    no_fallback = strict and choices[0][0] == TENSORRT
     started = time.perf_counter()
-    try:
-        session = ort.InferenceSession(
-            str(path),
-            opts,
-            providers=[name for name, _ in choices],
-            provider_options=[o for _, o in choices],
-        )
-    except Exception as exc:  # onnxruntime raises its own, untyped errors
-        message = " ".join(str(exc).split())[:400]
-        raise ModelError(f"{segment.file}: ONNX Runtime cannot load it: {message}") from exc
+    session = open_session(
+        path,
+        providers=choices,
+        name=segment.file,
+        threads=config.threads or None,
+        spinning=config.spin,
+        config={"session.disable_cpu_ep_fallback": "1"} if no_fallback else None,
+    )
     runner = SegmentRunner(session, segment.file)
     wanted = choices[0][0]
     if runner.providers[0] != wanted:

@@ -10,7 +10,7 @@ gives ``m``, which the next dense stage adds back (``h + m``)::
     mid_i(h_i, m_i)   -> h_{i+1}, u_{i+1}     (between MoE layers)
     last(h_n, m_n)    -> y
 
-so the export (``cloud/moe/export.py``) keeps every MoE layer out of ONNX by
+so the export (``partitioner/moe_export.py``) keeps every MoE layer out of ONNX by
 cutting at these seams. :class:`MoELayer`'s ``forward`` is the dense in-memory
 reference: routing with explicit tie-breaking (lowest expert index first),
 capacity by a plain loop, then every expert run on every token and combined
@@ -271,18 +271,6 @@ def moe_layer(cfg: MoEConfig, seed: int = 0) -> Any:
     torch = _torch()
     torch.manual_seed(seed)
     return _build_classes()["MoELayer"](cfg).eval()
-
-
-def layer_arrays(layer: Any) -> tuple[Any, list[dict[str, Any]]]:
-    """An MoE layer's router [experts, d] and experts' weights as numpy (torch layout)."""
-    router = layer.router.weight.detach().numpy().copy()
-    experts = []
-    for ex in layer.experts:
-        w = {"w1": ex.w1.weight, "w2": ex.w2.weight}
-        if ex.kind == "swiglu":
-            w["w3"] = ex.w3.weight
-        experts.append({k: v.detach().numpy().copy() for k, v in w.items()})
-    return router, experts
 
 
 def reference(model: Any, x: Any) -> Any:

@@ -141,9 +141,9 @@ def export(model: ZooModel, path: Path, seed: int = 0) -> Path:
 
 def reference(model_path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Outputs of the unmodified model under ONNX Runtime."""
-    import onnxruntime as ort
+    from splitinfer.shared.ortsession import open_session
 
-    sess = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    sess = open_session(model_path)
     names = [o.name for o in sess.get_outputs()]
     wanted = {i.name: feeds[i.name] for i in sess.get_inputs()}
     return dict(zip(names, sess.run(names, wanted), strict=True))

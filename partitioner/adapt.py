@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,7 @@ from splitinfer.partitioner.wirecodec import WirePlan, plan_wire
 from splitinfer.shared.codecs import QuantParams, dequantize, quantize
 from splitinfer.shared.errors import ConfigError, ModelError
 from splitinfer.shared.manifest import PrivacySpec
+from splitinfer.shared.ortsession import open_session
 from splitinfer.shared.privacy import clip_and_noise
 
 Feed = dict[str, np.ndarray]
@@ -117,7 +119,6 @@ def torch_device(requested: str | None) -> str:
 def run_model(
     model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], extra: Sequence[str] = ()
 ) -> Feed:
-    import onnxruntime as ort
 
     probe = model
     if extra:
@@ -129,9 +130,7 @@ def run_model(
                 probe.graph.output.append(
                     helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
                 )
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = open_session(probe)
     names = [o.name for o in sess.get_outputs()]
     wanted = {i.name: feeds[i.name] for i in sess.get_inputs()}
     return dict(zip(names, sess.run(names, wanted), strict=True))
@@ -372,6 +371,20 @@ def _init_encoders(
             put(student.cloud, dec["mean"], mean)
 
 
+@contextmanager
+def _torch_threads(device: str) -> Iterator[None]:
+    """One torch thread on the CPU while adapting: a small net, more threads only add contention."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def adapt_cut(
     edge: onnx.ModelProto,
     cloud: onnx.ModelProto,
@@ -403,130 +416,102 @@ def adapt_cut(
     import torch
 
     device = torch_device(opts.device)
-    threads = torch.get_num_threads()
-    if device == "cpu":
-        torch.set_num_threads(1)  # a small net: more threads only add contention
-    try:
-        return _adapt(
-            edge, cloud, crossing, spec, quant, calib, teacher, held, reference, out_name, opts,
-            seconds, progress, what, dictionary_file, bottleneck, device, fresh,
+    with _torch_threads(device):
+        torch.manual_seed(opts.seed)
+        rng = np.random.default_rng(opts.seed)
+        before = measure(edge, cloud, crossing, quant, spec, held, reference, out_name, opts.seed)
+        start = edge
+        classes = teacher.shape[1] if teacher.ndim == 2 else 0
+        soft = False
+        for c in crossing:
+            width = _width(edge, c)
+            if fresh and c.endswith(PCA_SUFFIX) and classes > 1 and width == classes:
+                start, soft = soften_bottleneck(start, c), True
+        student = _Student(start, cloud, crossing, out_name)
+        soft = soft or any(n.name.endswith("__softmax") for n in start.graph.node)
+        calib_src = run_model(start, calib, student.sources)
+        sources = [calib_src[s] for s in student.sources]
+        if fresh:
+            _init_encoders(student, sources, teacher, spec.clip)
+        student.to(device)
+
+        def noised_codes(n_rng: np.random.Generator) -> Feed:
+            with torch.no_grad():
+                src = [
+                    torch.from_numpy(np.ascontiguousarray(s, np.float32)).to(device)
+                    for s in sources
+                ]
+                codes = [c.cpu().numpy() for c in student.codes(src)]
+            return dict(zip(crossing, noise_batch(codes, spec, n_rng), strict=True))
+
+        def cloud_out(moved: Mapping[str, np.ndarray]) -> np.ndarray:
+            with torch.no_grad():
+                feeds = [
+                    torch.from_numpy(np.ascontiguousarray(moved[c])).to(device) for c in crossing
+                ]
+                result: np.ndarray = student.cloud(*feeds)[student.out].cpu().numpy()
+            return result
+
+        t0 = time.perf_counter()
+        first = _params(plan_wire(noised_codes(rng), dictionary_file=dictionary_file))
+        steps, _ = _train(
+            student, sources, teacher, spec, first, opts, seconds * (1 - FINAL_PHASE), device, rng,
+            progress, what,
         )  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _adapt(
-    edge: onnx.ModelProto,
-    cloud: onnx.ModelProto,
-    crossing: Sequence[str],
-    spec: PrivacySpec,
-    quant: Mapping[str, QuantParams],
-    calib: Feed,
-    teacher: np.ndarray,
-    held: Feed,
-    reference: np.ndarray,
-    out_name: str,
-    opts: AdaptOptions,
-    seconds: float,
-    progress: Progress,
-    what: str,
-    dictionary_file: str,
-    bottleneck: int | None,
-    device: str,
-    fresh: bool,
-) -> Adapted:
-    import torch
-
-    torch.manual_seed(opts.seed)
-    rng = np.random.default_rng(opts.seed)
-    before = measure(edge, cloud, crossing, quant, spec, held, reference, out_name, opts.seed)
-    start = edge
-    classes = teacher.shape[1] if teacher.ndim == 2 else 0
-    soft = False
-    for c in crossing:
-        width = _width(edge, c)
-        if fresh and c.endswith(PCA_SUFFIX) and classes > 1 and width == classes:
-            start, soft = soften_bottleneck(start, c), True
-    student = _Student(start, cloud, crossing, out_name)
-    soft = soft or any(n.name.endswith("__softmax") for n in start.graph.node)
-    calib_src = run_model(start, calib, student.sources)
-    sources = [calib_src[s] for s in student.sources]
-    if fresh:
-        _init_encoders(student, sources, teacher, spec.clip)
-    student.to(device)
-
-    def noised_codes(n_rng: np.random.Generator) -> Feed:
-        with torch.no_grad():
-            src = [
-                torch.from_numpy(np.ascontiguousarray(s, np.float32)).to(device) for s in sources
-            ]
-            codes = [c.cpu().numpy() for c in student.codes(src)]
-        return dict(zip(crossing, noise_batch(codes, spec, n_rng), strict=True))
-
-    def cloud_out(moved: Mapping[str, np.ndarray]) -> np.ndarray:
-        with torch.no_grad():
-            feeds = [torch.from_numpy(np.ascontiguousarray(moved[c])).to(device) for c in crossing]
-            result: np.ndarray = student.cloud(*feeds)[student.out].cpu().numpy()
-        return result
-
-    t0 = time.perf_counter()
-    first = _params(plan_wire(noised_codes(rng), dictionary_file=dictionary_file))
-    steps, _ = _train(
-        student, sources, teacher, spec, first, opts, seconds * (1 - FINAL_PHASE), device, rng,
-        progress, what,
-    )  # fmt: skip
-    codes = noised_codes(rng)
-    reference_out = cloud_out(codes)
-    wire = plan_wire(
-        codes,
-        dictionary_file=dictionary_file,
-        score=lambda rounded: _agreement(reference_out, cloud_out(rounded)),
-    )
-    final = _params(wire)
-    left = max(0.0, seconds - (time.perf_counter() - t0))
-    more, loss = _train(
-        student, sources, teacher, spec, final, opts, max(left, 1e-3), device, rng, progress,
-        what, lr_scale=0.3,
-    )  # fmt: skip
-    elapsed = time.perf_counter() - t0
-    student.to("cpu")
-    new_edge, new_cloud = student.write_back(start, cloud)
-    _check_export(student, new_cloud, codes, crossing, what)
-    after = measure(
-        new_edge, new_cloud, crossing, final, spec, held, reference, out_name, opts.seed
-    )
-    kept = after >= before
-    progress(
-        f"adapted cut {what}: held-out agreement under noise {before:.3f} -> {after:.3f} "
-        f"({steps + more} steps, {elapsed:.1f} s on {device})"
-        + ("" if kept else "; kept the un-adapted segments")
-    )
-    record = {
-        "adapted": kept,
-        "method": "distillation from the fp32 model on noised activations",
-        "segments": ["edge encoder", "cloud"] if student.tails else ["cloud"],
-        "epsilon": spec.epsilon,
-        "delta": spec.delta,
-        "clip": spec.clip,
-        "noise_multiplier": spec.noise_multiplier,
-        "bottleneck": bottleneck if student.tails else None,
-        "encoder": (
-            ("learned soft simplex code" if soft else "learned linear") if student.tails else None
-        ),
-        "samples": int(teacher.shape[0]),
-        "held_out_samples": int(reference.shape[0]),
-        "noise_draws": DRAWS,
-        "metric": "top1 agreement with the fp32 model under the mechanism",
-        "utility_before": before,
-        "utility_after": after,
-        "steps": steps + more,
-        "seconds": round(elapsed, 2),
-        "device": device,
-        "final_loss": loss,
-    }
-    if not kept:
-        return Adapted(edge, cloud, None, record)
-    return Adapted(new_edge, new_cloud, wire, record)
+        codes = noised_codes(rng)
+        reference_out = cloud_out(codes)
+        wire = plan_wire(
+            codes,
+            dictionary_file=dictionary_file,
+            score=lambda rounded: _agreement(reference_out, cloud_out(rounded)),
+        )
+        final = _params(wire)
+        left = max(0.0, seconds - (time.perf_counter() - t0))
+        more, loss = _train(
+            student, sources, teacher, spec, final, opts, max(left, 1e-3), device, rng, progress,
+            what, lr_scale=0.3,
+        )  # fmt: skip
+        elapsed = time.perf_counter() - t0
+        student.to("cpu")
+        new_edge, new_cloud = student.write_back(start, cloud)
+        _check_export(student, new_cloud, codes, crossing, what)
+        after = measure(
+            new_edge, new_cloud, crossing, final, spec, held, reference, out_name, opts.seed
+        )
+        kept = after >= before
+        progress(
+            f"adapted cut {what}: held-out agreement under noise {before:.3f} -> {after:.3f} "
+            f"({steps + more} steps, {elapsed:.1f} s on {device})"
+            + ("" if kept else "; kept the un-adapted segments")
+        )
+        record = {
+            "adapted": kept,
+            "method": "distillation from the fp32 model on noised activations",
+            "segments": ["edge encoder", "cloud"] if student.tails else ["cloud"],
+            "epsilon": spec.epsilon,
+            "delta": spec.delta,
+            "clip": spec.clip,
+            "noise_multiplier": spec.noise_multiplier,
+            "bottleneck": bottleneck if student.tails else None,
+            "encoder": (
+                ("learned soft simplex code" if soft else "learned linear")
+                if student.tails
+                else None
+            ),
+            "samples": int(teacher.shape[0]),
+            "held_out_samples": int(reference.shape[0]),
+            "noise_draws": DRAWS,
+            "metric": "top1 agreement with the fp32 model under the mechanism",
+            "utility_before": before,
+            "utility_after": after,
+            "steps": steps + more,
+            "seconds": round(elapsed, 2),
+            "device": device,
+            "final_loss": loss,
+        }
+        if not kept:
+            return Adapted(edge, cloud, None, record)
+        return Adapted(new_edge, new_cloud, wire, record)
 
 
 def _width(model: onnx.ModelProto, name: str) -> int | None:

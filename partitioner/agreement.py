@@ -18,6 +18,7 @@ import numpy.typing as npt
 import onnx
 
 from splitinfer.shared.errors import ConfigError, ModelError
+from splitinfer.shared.ortsession import open_session
 
 Array = npt.NDArray[Any]
 Feed = dict[str, Array]
@@ -59,13 +60,7 @@ class Agreement:
 
 
 def _session(model: onnx.ModelProto, optimize: bool) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if not optimize:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return open_session(model, optimize="all" if optimize else "none")
 
 
 def _run_all(model: onnx.ModelProto, samples: Sequence[Feed], optimize: bool) -> list[list[Array]]:
@@ -88,14 +83,23 @@ def pick_metric(output: Array) -> str:
 
 def output_metric(reference: Array) -> str:
     """The metric whole-model outputs are compared with when cuts and wire codecs are
-    ranked: ``top1`` for ``[batch, classes>1]``, else ``cosine``."""
+    ranked: ``exact`` for integer or boolean outputs (class ids, decoded tokens: a
+    near miss is a wrong answer), ``top1`` for float ``[batch, classes>1]``, else
+    ``cosine``."""
+    if reference.dtype.kind in "iub":
+        return "exact"
     return "top1" if reference.ndim == 2 and reference.shape[1] > 1 else "cosine"
 
 
 def output_agreement(metric: str, reference: Array, got: Array) -> float:
-    """Top-1 agreement of ``got`` with ``reference``, or their mean per-sample cosine
-    similarity (a sample whose norms multiply to 0 counts as agreeing): the score
-    ``partition`` ranks cuts and wire codecs by (see :func:`output_metric`)."""
+    """The score ``partition`` ranks cuts and wire codecs by (see :func:`output_metric`):
+    the share of samples whose output is identical (``exact``), top-1 agreement of
+    ``got`` with ``reference``, or their mean per-sample cosine similarity (a sample
+    whose norms multiply to 0 counts as agreeing)."""
+    if metric == "exact":
+        rows = reference.shape[0] if reference.ndim else 1
+        same = reference.reshape(rows, -1) == got.reshape(rows, -1)
+        return float(np.mean(same.all(axis=1)))
     if metric == "top1":
         return float(np.mean(reference.argmax(axis=1) == got.argmax(axis=1)))
     r = reference.reshape(reference.shape[0], -1).astype(np.float64)

@@ -33,6 +33,7 @@ from onnx import helper
 
 from splitinfer.partitioner.loader import analysis_input_shapes, dims_of, graph_inputs
 from splitinfer.shared.errors import ModelError
+from splitinfer.shared.ortsession import open_session
 
 #: The batch sizes of the two analysis runs at the analysis shapes; probes run at the first.
 BATCHES = (2, 3)
@@ -437,18 +438,16 @@ class _ShapeProber:
             del graph.output[:]
             graph.output.extend(saved)
             assert len(graph.output) == n_outputs
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        opts.log_severity_level = 4
         # no arena, no prepacked weights, and each Shape run as soon as its input is
         # made (the default order leaves them to the end, every activation alive)
-        opts.enable_cpu_mem_arena = False
-        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-        opts.add_session_config_entry("session.disable_prepacking", "1")
-        try:
-            self.sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # ORT's own exception types
-            raise ModelError(f"ONNX Runtime cannot load the model: {_first(exc)}") from exc
+        self.sess = open_session(
+            data,
+            optimize="none",
+            log_severity=4,
+            arena=False,
+            priority_order=True,
+            config={"session.disable_prepacking": "1"},
+        )
         del data
         self.run_opts = ort.RunOptions()
         self.run_opts.log_severity_level = 4

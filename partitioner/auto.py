@@ -35,13 +35,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from splitinfer.partitioner.agreement import output_agreement, output_metric
 from splitinfer.partitioner.automeasure import activations as _activations
 from splitinfer.partitioner.automeasure import convert as _convert
+from splitinfer.partitioner.automeasure import edge_ranges as _edge_ranges
 from splitinfer.partitioner.automeasure import node_times as _node_times
 from splitinfer.partitioner.automeasure import run as _run
 from splitinfer.partitioner.automeasure import runtime as _runtime
 from splitinfer.partitioner.automeasure import samples as _samples
 from splitinfer.partitioner.automeasure import session as _session
+from splitinfer.partitioner.automeasure import source_activations as _source_activations
 from splitinfer.partitioner.automeasure import stack as _stack
 from splitinfer.partitioner.automeasure import timing_sample
 from splitinfer.partitioner.calibration import split_holdout
@@ -78,6 +81,7 @@ from splitinfer.shared.preprocess import PreprocessSpec
 
 if TYPE_CHECKING:
     from splitinfer.partitioner.adapt import AdaptOptions
+    from splitinfer.partitioner.quant_ranges import ModelRanges
 
 Feed = dict[str, np.ndarray]
 Progress = Callable[[str], None]
@@ -85,6 +89,8 @@ Progress = Callable[[str], None]
 #: Uplink speeds (bits/s) over which --candidates picks the cuts to switch among.
 SWITCH_RATES = tuple(float(r) for r in np.geomspace(0.25e6, 100e6, 32))
 ACTIVATION_SAMPLES = 16
+#: Calibration samples the codec's agreement with the cloud output is scored on.
+SCORE_SAMPLES = 16
 #: At most this many bytes of activations held at once (fewer samples on big models).
 ACTIVATION_BYTES = 512 * 2**20
 
@@ -185,8 +191,12 @@ def auto_split(
     est = estimate_codec(timing_sample(floats), codec) if floats else None
     del floats
 
+    ranges = None
+    if opts.precision == "int8":
+        progress(f"calibrating INT8 activation ranges on the whole model ({len(calib)} samples)")
+        ranges = _edge_ranges(prepared, opts, calib)
     edge_times, cloud_times, by_batch, overhead = _node_times(
-        prepared, opts, calib, notes, progress
+        prepared, opts, calib, notes, progress, ranges
     )
     wire = (
         WireModel(ratios, est.encode_bps, est.decode_bps, est.encode_call_s, est.decode_call_s)
@@ -233,6 +243,8 @@ def auto_split(
 
     reference = _run(prepared.optimized, _stack(held), optimize=True)
     calib_stack = _stack(calib)
+    shortlisted = [by_id[c.cut_id] for c in short]
+    source = _source_activations(prepared, opts, shortlisted, held, calib_stack, ACTIVATION_BYTES)
     measured: dict[str, _Measured] = {}
     for k, cost in enumerate(short, 1):
         plan = by_id[cost.cut_id]
@@ -240,7 +252,9 @@ def auto_split(
             f"building cut {k}/{len(short)}: {plan.id} ({plan.kind}), "
             f"{opts.precision} edge, codec, checks"
         )
-        measured[plan.id] = _build(prepared, plan, cost, opts, calib, calib_stack, held, reference)
+        measured[plan.id] = _build(
+            prepared, plan, cost, opts, calib, calib_stack, held, reference, ranges, source
+        )
     if opts.adapt is not None:
         from splitinfer.partitioner.adapt_auto import adapt_measured
 
@@ -251,7 +265,7 @@ def auto_split(
     chosen = ranked[0].cost
     best = measured[chosen.cut_id]
     if opts.min_agreement is not None and best.agreement is not None:
-        _check_min(prepared, best, opts, calib, held)
+        _check_min(prepared, best, opts, calib, held, ranges)
     picked = [chosen]
     if opts.candidates > 1:
         spread = best_across_links(
@@ -377,6 +391,8 @@ def _build(
     calib_stack: Feed,
     held: list[Feed],
     reference: Feed,
+    ranges: ModelRanges | None = None,
+    source: tuple[Feed, Feed] | None = None,
 ) -> _Measured:
     from splitinfer.partitioner.wirecodec import plan_wire
 
@@ -384,20 +400,23 @@ def _build(
     held_stack = _stack(held)
     exact = opts.precision == "fp32" or _runtime(opts) == "tensorrt"
     if art.edge is not None and opts.precision != "fp32":
-        art.edge = _convert(art.edge, opts, calib)
+        art.edge = _convert(art.edge, opts, calib, ranges)
         art.edge_precision = opts.precision
     crossing = list(plan.crossing)
-    if art.edge is not None:
+    if art.edge is not None and source is not None and opts.precision == "fp32":
+        edge_held = {t: source[0][t] for t in crossing}
+        edge_calib = {t: source[1][t] for t in crossing}
+    elif art.edge is not None:
         edge_held = _run(art.edge, held_stack, optimize=not exact)
         edge_calib = _run(art.edge, calib_stack, optimize=not exact)
     else:
         edge_held, edge_calib = dict(held_stack), dict(calib_stack)
     out_name = prepared.analysis.outputs[0]
     ref = reference[out_name]
-    metric = "top1" if ref.ndim == 2 and ref.shape[1] > 1 else "cosine"
+    metric = output_metric(ref)
 
     def score_outputs(got: np.ndarray) -> float:
-        return _agree(metric, ref, got)
+        return output_agreement(metric, ref, got)
 
     if art.cloud is None:  # all edge: the edge segment gives the outputs
         value = score_outputs(edge_held[out_name])
@@ -430,11 +449,20 @@ def _build(
 
     clean = score_outputs(cloud_out(edge_held))
     art.quality.update({"metric": metric, "value": clean, "samples": len(held)})
-    calib_out = cloud_out(edge_calib)
+    # the codec's agreement is scored on the first SCORE_SAMPLES calibration samples:
+    # each score is a cloud run, and plan_wire scores a few codec steps per cut
+    scored = {t: v[:SCORE_SAMPLES] for t, v in edge_calib.items()}
+    calib_out = cloud_out(scored)
+
+    def score_wire(rounded: Mapping[str, np.ndarray]) -> float:
+        return output_agreement(
+            metric, calib_out, cloud_out({t: v[:SCORE_SAMPLES] for t, v in rounded.items()})
+        )
+
     wire = plan_wire(
         {t: edge_calib[t] for t in crossing},
         dictionary_file=f"codec/{plan.id}.zdict",
-        score=lambda rounded: _agree(metric, calib_out, cloud_out(rounded)),
+        score=score_wire,
         input_codec=opts.input_codec if plan.kind == "none" else None,
     )
     art.codec, art.quant = wire.codec, wire.quant
@@ -465,19 +493,13 @@ def _project(x: np.ndarray, bn: Any) -> np.ndarray:
     return out
 
 
-def _agree(metric: str, ref: np.ndarray, got: np.ndarray) -> float:
-    """Top-1 agreement, or mean cosine similarity per sample."""
-    if metric == "top1":
-        return float(np.mean(ref.argmax(axis=1) == got.argmax(axis=1)))
-    r = ref.reshape(ref.shape[0], -1).astype(np.float64)
-    g = got.reshape(got.shape[0], -1).astype(np.float64)
-    den = np.linalg.norm(r, axis=1) * np.linalg.norm(g, axis=1)
-    cos = np.where(den > 0, (r * g).sum(axis=1) / np.maximum(den, 1e-300), 1.0)
-    return float(np.mean(cos))
-
-
 def _check_min(
-    prepared: Prepared, best: _Measured, opts: AutoOptions, calib: list[Feed], held: list[Feed]
+    prepared: Prepared,
+    best: _Measured,
+    opts: AutoOptions,
+    calib: list[Feed],
+    held: list[Feed],
+    ranges: ModelRanges | None = None,
 ) -> None:
     assert opts.min_agreement is not None
     assert best.agreement is not None
@@ -488,7 +510,7 @@ def _check_min(
     if edge_fp32 is not None and opts.precision == "int8":
         from splitinfer.partitioner.agreement import worst_layers
 
-        layers = worst_layers(edge_fp32, _convert(edge_fp32, opts, calib), held)
+        layers = worst_layers(edge_fp32, _convert(edge_fp32, opts, calib, ranges), held)
         worst = "; worst layers: " + ", ".join(f"{n} ({e:.3g})" for n, e in layers[:5])
     raise ModelError(
         f"cut {best.art.plan.id}: {opts.precision} edge keeps {best.metric} agreement "

@@ -20,11 +20,13 @@ import numpy as np
 import onnx
 
 from splitinfer.partitioner.calibration import load_calibration, synthetic_calibration
+from splitinfer.partitioner.cuts import CutPlan
 from splitinfer.partitioner.pipeline import Prepared
 from splitinfer.shared.manifest import TensorSpec
 
 if TYPE_CHECKING:
     from splitinfer.partitioner.auto import AutoOptions
+    from splitinfer.partitioner.quant_ranges import ModelRanges
 
 Feed = dict[str, np.ndarray]
 Progress = Callable[[str], None]
@@ -58,13 +60,9 @@ def stack(samples: Sequence[Feed]) -> Feed:
 
 
 def session(model: onnx.ModelProto, optimize: bool) -> Any:
-    import onnxruntime as ort
+    from splitinfer.shared.ortsession import open_session
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if not optimize:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return open_session(model, optimize="all" if optimize else "none", name="a segment")
 
 
 def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], optimize: bool) -> Feed:
@@ -91,6 +89,31 @@ def activations(prepared: Prepared, feeds: Feed, names: Sequence[str]) -> Feed:
     return {n: np.asarray(out[n]) for n in names if n in out}
 
 
+def source_activations(
+    prepared: Prepared,
+    opts: AutoOptions,
+    plans: list[CutPlan],
+    held: list[Feed],
+    calib: Feed,
+    limit: int,
+) -> tuple[Feed, Feed] | None:
+    """``(held, calibration)`` values of every tensor the shortlisted cuts send, from
+    one unoptimized run of the source model each, for an fp32 edge: its segments
+    compute exactly those tensors (the same kernels, unoptimized, on the same
+    inputs), so one run stands for a run of every segment. None for another edge
+    precision, or when the values would take more than ``limit`` bytes."""
+    if opts.precision != "fp32":
+        return None
+    tensors = prepared.analysis.tensors
+    names = sorted({t for p in plans if p.kind != "none" for t in p.crossing})
+    if not names:
+        return None
+    rows = len(held) + len(next(iter(calib.values())))
+    if rows * sum(tensors[t].bytes_per_sample for t in names) > limit:
+        return None
+    return activations(prepared, stack(held), names), activations(prepared, calib, names)
+
+
 # -- node times ---------------------------------------------------------------------
 
 
@@ -100,6 +123,7 @@ def node_times(
     calib: list[Feed],
     notes: list[str],
     progress: Progress,
+    ranges: ModelRanges | None = None,
 ) -> tuple[dict[str, float], dict[str, float], dict[int, dict[str, float]], float]:
     from splitinfer.partitioner.profiler import measure_nodes
     from splitinfer.partitioner.profiles import node_times, resolve_profile
@@ -135,7 +159,7 @@ def node_times(
     notes += [f"edge: {edge.source}", *edge.notes]
     edge_t = dict(edge.times)
     if edge_src is host and opts.precision != "fp32":
-        factor = precision_factor(prepared, opts, calib)
+        factor = precision_factor(prepared, opts, calib, ranges)
         edge_t = {k: v * factor for k, v in edge_t.items()}
         notes.append(
             f"edge at {opts.precision}: fp32 node times on this machine x {factor:.2f} "
@@ -147,12 +171,18 @@ def node_times(
     return edge_t, dict(cloud.times), by_batch, overhead
 
 
-def precision_factor(prepared: Prepared, opts: AutoOptions, calib: list[Feed]) -> float:
-    """Measured wall time of the whole model at the edge precision / at fp32."""
+def precision_factor(
+    prepared: Prepared,
+    opts: AutoOptions,
+    calib: list[Feed],
+    ranges: ModelRanges | None = None,
+) -> float:
+    """Measured wall time of the whole model at the edge precision / at fp32
+    (``ranges``: :func:`edge_ranges`, which spare the INT8 model its calibration)."""
     import time
 
-    full = prepared.optimized
-    low = convert(full, opts, calib[: max(8, len(calib) // 2)])
+    full = prepared.analysis.model
+    low = convert(full, opts, calib, ranges)
     feeds = calib[0]
     times = []
     for model in (full, low):
@@ -167,7 +197,19 @@ def precision_factor(prepared: Prepared, opts: AutoOptions, calib: list[Feed]) -
             sess.run(names, wanted)
             runs.append(time.perf_counter() - t0)
         times.append(float(np.median(runs)))
+        del sess
     return times[1] / max(times[0], 1e-9)
+
+
+def edge_ranges(prepared: Prepared, opts: AutoOptions, calib: Sequence[Feed]) -> ModelRanges | None:
+    """The INT8 activation ranges of the whole model on ``calib``, calibrated once for
+    every edge segment :func:`convert` makes from it; None unless the edge is INT8."""
+    if opts.precision != "int8":
+        return None
+    from splitinfer.partitioner.quantize import config_for, model_ranges
+
+    cfg = config_for(runtime(opts), opts.calibration_method)
+    return model_ranges(prepared.analysis.model, calib, cfg)
 
 
 def runtime(opts: AutoOptions) -> str:
@@ -176,8 +218,14 @@ def runtime(opts: AutoOptions) -> str:
     return runtime_for_profile(opts.edge_profile)
 
 
-def convert(model: onnx.ModelProto, opts: AutoOptions, calib: Sequence[Feed]) -> onnx.ModelProto:
-    """The edge segment at the edge precision."""
+def convert(
+    model: onnx.ModelProto,
+    opts: AutoOptions,
+    calib: Sequence[Feed],
+    ranges: ModelRanges | None = None,
+) -> onnx.ModelProto:
+    """The edge segment at the edge precision (``ranges``: :func:`edge_ranges` of the
+    model it was cut from, on the same ``calib``)."""
     if opts.precision == "fp32":
         return model
     if opts.precision == "fp16":
@@ -188,7 +236,7 @@ def convert(model: onnx.ModelProto, opts: AutoOptions, calib: Sequence[Feed]) ->
     from splitinfer.partitioner.quantize import config_for, quantize_model
 
     cfg = config_for(runtime(opts), opts.calibration_method)
-    return quantize_model(model, calib, cfg)
+    return quantize_model(model, calib, cfg, ranges=ranges)
 
 
 def timing_sample(floats: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

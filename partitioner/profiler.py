@@ -45,9 +45,9 @@ from onnx import TensorProto, helper
 
 from splitinfer.partitioner.analysis import GraphAnalysis, analyse
 from splitinfer.partitioner.flops import all_flops
-from splitinfer.partitioner.nodeprofile import NodeProfile
 from splitinfer.partitioner.runtime_map import Attributor, load_runtime_graph, node_keys
 from splitinfer.shared.errors import ConfigError, ModelError
+from splitinfer.shared.nodeprofile import NodeProfile
 
 __all__ = ["NodeProfile", "executor_costs", "host_device_name", "measure_nodes"]
 
@@ -98,19 +98,10 @@ def _ort() -> Any:
 
 
 def _options(optimization: str, threads: int | None, *, profile_dir: Path | None = None) -> Any:
-    ort = _ort()
-    levels = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = levels[optimization]
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.log_severity_level = 3
-    if threads is not None:
-        opts.intra_op_num_threads = threads
+    from splitinfer.shared.ortsession import session_options
+
+    level = "none" if optimization == "disable" else optimization
+    opts = session_options(optimize=level, threads=threads, sequential=True)  # type: ignore[arg-type]
     if profile_dir is not None:
         opts.enable_profiling = True
         opts.profile_file_prefix = str(profile_dir / "ort")
@@ -118,16 +109,11 @@ def _options(optimization: str, threads: int | None, *, profile_dir: Path | None
 
 
 def _session(model: onnx.ModelProto, opts: Any, providers: Sequence[str] | None) -> Any:
-    ort = _ort()
-    try:
-        return ort.InferenceSession(
-            model.SerializeToString(), opts, providers=list(providers or ["CPUExecutionProvider"])
-        )
-    except Exception as exc:  # ORT's own exception types
-        lines = str(exc).strip().splitlines()
-        raise ModelError(
-            f"ONNX Runtime cannot load the model for profiling: {lines[0] if lines else exc}"
-        ) from exc
+    from splitinfer.shared.ortsession import CPU, open_session
+
+    return open_session(
+        model, providers=list(providers or CPU), options=opts, name="the model for profiling"
+    )
 
 
 def _run(sess: Any, feeds: Feeds) -> None:

@@ -2,22 +2,34 @@
 
 :func:`calibrate` runs MinMax, Entropy or Percentile calibration and saves the
 ranges as ONNX Runtime's calibration cache; :func:`entropy_threshold` is the
-Entropy calibrator's KL-divergence search, vectorized. ``onnxruntime.quantization``
-is imported at the point of use.
+Entropy calibrator's KL-divergence search, vectorized. :class:`ModelRanges` holds
+the ranges of a whole model, calibrated once, for every segment cut from it.
+``onnxruntime.quantization`` is imported at the point of use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 
 if TYPE_CHECKING:
-    from splitinfer.partitioner.quantize import QuantConfig
+    from splitinfer.partitioner.quant_config import QuantConfig
 
-__all__ = ["ENTROPY_BINS", "ENTROPY_QUANTIZED_BINS", "PERCENTILE", "calibrate", "entropy_threshold"]
+__all__ = [
+    "ENTROPY_BINS",
+    "ENTROPY_QUANTIZED_BINS",
+    "PERCENTILE",
+    "ModelRanges",
+    "calibrate",
+    "entropy_threshold",
+    "tensor_types",
+]
 
 Array = npt.NDArray[Any]
 Feed = dict[str, Array]
@@ -35,7 +47,24 @@ PERCENTILE = 99.999
 def calibrate(
     model_path: Path, feeds: list[Feed], config: QuantConfig, tmp: Path
 ) -> tuple[Any, Path]:
-    """Activation ranges for ``config.method``, saved as ORT's calibration cache.
+    """Activation ranges for ``config.method``, saved as ORT's calibration cache."""
+    method, data = calibrate_data(model_path, feeds, config, tmp)
+    return method, save_cache(data, tmp)
+
+
+def save_cache(data: Any, tmp: Path) -> Path:
+    """``data`` (a TensorsData) as ORT's calibration cache file in ``tmp``."""
+    from onnxruntime.quantization import save_tensors_data
+
+    cache = tmp / "calibration.json"
+    save_tensors_data(data, cache)
+    return cache
+
+
+def calibrate_data(
+    model_path: Path, feeds: list[Feed], config: QuantConfig, tmp: Path
+) -> tuple[Any, Any]:
+    """``(method, TensorsData)``: the activation ranges for ``config.method``.
 
     Calibration runs here rather than inside ``quantize_static`` because that
     function cannot pass histogram settings through: its Entropy calibrator
@@ -48,7 +77,6 @@ def calibrate(
         CalibrationDataReader,
         CalibrationMethod,
         create_calibrator,
-        save_tensors_data,
     )
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
@@ -85,9 +113,9 @@ def calibrate(
         # same search, vectorized per candidate: ORT's loops over bins in Python
         # (about 1.5 s per tensor at 2048 bins, against 50 ms here)
         calibrator.collector.get_entropy_threshold = entropy_threshold
-    cache = tmp / "calibration.json"
-    save_tensors_data(calibrator.compute_data(), cache)
-    return method, cache
+    data = calibrator.compute_data()
+    del calibrator
+    return method, data
 
 
 def _smooth(p: Array, eps: float = 0.0001) -> Array | None:
@@ -152,3 +180,72 @@ def entropy_threshold(histogram: tuple[Any, ...], num_quantized_bins: int) -> tu
     high = min(best[1], histogram[3])
     dtype = edges.dtype
     return np.array(low, dtype=dtype), np.array(high, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class ModelRanges:
+    """Activation ranges of every float tensor of one model, calibrated once.
+
+    ``--split auto`` builds an INT8 edge segment per shortlisted cut; each is a
+    sub-graph of the same model fed the same calibration samples from the same
+    inputs, so its tensors take the values they take in the whole model and
+    ONNX Runtime's calibrator (which reduces each tensor on its own) finds the
+    same ranges. Calibrating the whole model once and handing each segment its
+    subset (:meth:`subset`) replaces a calibration run per cut.
+    ``value_info`` is the shape inference of the pre-processed whole model,
+    which a segment inherits instead of running the pre-processing again.
+    Made by :func:`splitinfer.partitioner.quantize.model_ranges`.
+    """
+
+    activations: str
+    method: str
+    calibration_method: Any
+    data: Any  # onnxruntime.quantization.calibrate.TensorsData
+    types: Mapping[str, int]  # element type of every typed tensor of the whole model
+    value_info: Mapping[str, onnx.ValueInfoProto]
+    samples: int
+    #: Each weight quantized once for every segment (:func:`.quant_memo.weights_once`).
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def fits(self, config: QuantConfig, samples: int) -> bool:
+        """True if these ranges are what ``config`` would calibrate on ``samples`` samples."""
+        return (
+            config.activations == self.activations
+            and config.method == self.method
+            and samples == self.samples
+        )
+
+    def subset(self, model: onnx.ModelProto) -> Any | None:
+        """The ranges of ``model``'s float tensors, or None if one is not known here
+        (a tensor the whole model does not have): then the segment calibrates itself."""
+        from onnxruntime.quantization.calibrate import TensorsData
+
+        inits = {t.name for t in model.graph.initializer}
+        names = {vi.name for vi in model.graph.input} - inits
+        for node in model.graph.node:
+            names.update(n for n in (*node.input, *node.output) if n and n not in inits)
+        picked = {}
+        for name in names:
+            elem = self.types.get(name)
+            if elem is None:
+                return None
+            if elem in FLOAT_TYPES:
+                if name not in self.data:
+                    return None
+                picked[name] = self.data[name]
+        return TensorsData(self.calibration_method, picked)
+
+
+#: The element types ONNX Runtime's calibrators calibrate (float32 and float16).
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
+
+
+def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor ``model`` declares a type for."""
+    out: dict[str, int] = {}
+    for vi in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        if vi.type.HasField("tensor_type"):
+            out[vi.name] = vi.type.tensor_type.elem_type
+    for t in model.graph.initializer:
+        out[t.name] = t.data_type
+    return out

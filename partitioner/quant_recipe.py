@@ -22,7 +22,7 @@ import numpy.typing as npt
 import onnx
 
 if TYPE_CHECKING:
-    from splitinfer.partitioner.quantize import QuantConfig
+    from splitinfer.partitioner.quant_config import QuantConfig
 
 Array = npt.NDArray[Any]
 

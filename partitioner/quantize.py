@@ -24,9 +24,8 @@ import logging
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +38,16 @@ from splitinfer.partitioner.agreement import (
     pick_metric,
     worst_layers,
 )
-from splitinfer.partitioner.quant_ranges import calibrate, entropy_threshold
+from splitinfer.partitioner.quant_config import QuantConfig
+from splitinfer.partitioner.quant_memo import weights_once
+from splitinfer.partitioner.quant_ranges import (
+    ModelRanges,
+    calibrate,
+    calibrate_data,
+    entropy_threshold,
+    save_cache,
+    tensor_types,
+)
 from splitinfer.partitioner.quant_recipe import (
     CPU_INT8_OPS,
     TENSORRT_WEIGHTED_OPS,
@@ -54,6 +62,7 @@ from splitinfer.shared.errors import ConfigError, ModelError
 __all__ = [
     "CPU_INT8_OPS",
     "Agreement",
+    "ModelRanges",
     "QuantConfig",
     "activations_for",
     "agreement",
@@ -63,6 +72,7 @@ __all__ = [
     "entropy_threshold",
     "fp32_nodes",
     "global_pool",
+    "model_ranges",
     "output_guards",
     "output_quant_params",
     "pick_metric",
@@ -73,76 +83,7 @@ __all__ = [
 Array = npt.NDArray[Any]
 Feed = dict[str, Array]
 
-ACTIVATIONS = ("u8s8", "s8s8")
-METHODS = ("minmax", "entropy", "percentile")
-PLACEMENTS = ("ops", "tensorrt")
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-
-
-@dataclass(frozen=True)
-class QuantConfig:
-    """How an edge segment is quantized.
-
-    ``activations``: ``u8s8`` (unsigned asymmetric activations, signed weights:
-    ONNX Runtime on x86 CPUs) or ``s8s8`` (signed symmetric activations, zero
-    point 0: TensorRT). Weights are always signed symmetric int8.
-    ``method``: calibration of activation ranges (MinMax, Entropy or Percentile
-    99.999 over the calibration samples).
-    ``per_channel``: one weight scale per output channel (Conv, Gemm, MatMul).
-    ``op_types``: the op types to quantize (``None``: every one the quantizer knows);
-    others stay fp32, with no Q/DQ pair inserted around them.
-    ``fp32_stem``: convolutions with at most
-    :data:`~splitinfer.partitioner.quant_recipe.STEM_CHANNELS` input channels
-    (and the activation/pool right after them) stay fp32.
-    ``fp32_depthwise``: depthwise convolutions (one input channel per group) stay fp32.
-    ``global_pool``: ``ReduceMean`` over H and W with ``keepdims`` becomes
-    ``GlobalAveragePool`` (same values) before quantization, which ORT keeps in
-    NHWC next to its int8 convolutions instead of reducing a transposed tensor.
-    ``placement``: ``ops`` quantizes every node of ``op_types``; ``tensorrt`` follows
-    TensorRT's placement (:func:`~splitinfer.partitioner.quant_recipe.tensorrt_nodes`:
-    the inputs of Conv/ConvTranspose/MatMul/Gemm, whose outputs stay float, and both
-    inputs of residual Adds), and the result must pass
-    :func:`~splitinfer.partitioner.trt_rules.check_tensorrt_qdq`.
-    ``reduce_range``: 7-bit weights. x86 CPUs without VNNI multiply u8×s8 pairs
-    with a saturating 16-bit add (``vpmaddubsw``); 7-bit weights cannot
-    saturate. Measured on the digits classifier on an AVX2 CPU: top-1 agreement
-    0.996 (u8s8) and 0.969 (s8s8) without it, 0.998 to 1.0 with it.
-    """
-
-    activations: Literal["u8s8", "s8s8"]
-    method: Literal["minmax", "entropy", "percentile"] = "minmax"
-    per_channel: bool = True
-    reduce_range: bool = False
-    op_types: tuple[str, ...] | None = None
-    fp32_stem: bool = False
-    fp32_depthwise: bool = False
-    global_pool: bool = False
-    placement: Literal["ops", "tensorrt"] = "ops"
-
-    def __post_init__(self) -> None:
-        if self.activations not in ACTIVATIONS:
-            raise ConfigError(
-                f"activation type {self.activations!r} is not one of {', '.join(ACTIVATIONS)}"
-            )
-        if self.method not in METHODS:
-            raise ConfigError(
-                f"calibration method {self.method!r} is not one of {', '.join(METHODS)}"
-            )
-        if self.placement not in PLACEMENTS:
-            raise ConfigError(f"placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
-        if self.placement == "tensorrt" and self.activations != "s8s8":
-            raise ConfigError("placement 'tensorrt' needs activations 's8s8' (TensorRT is int8)")
-        if self.op_types is not None and (
-            not isinstance(self.op_types, tuple)
-            or not self.op_types
-            or not all(isinstance(o, str) and o for o in self.op_types)
-        ):
-            raise ConfigError(
-                f"op_types must be a non-empty tuple of op names or None, got {self.op_types!r}"
-            )
-        for name in ("per_channel", "reduce_range", "fp32_stem", "fp32_depthwise", "global_pool"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
 
 CPU_RUNTIMES = ("onnxruntime-cpu", "cpu")
@@ -167,6 +108,15 @@ def activations_for(runtime: str) -> str:
         return "u8s8"
     known = ", ".join((*TENSORRT_RUNTIMES, *CPU_RUNTIMES))
     raise ConfigError(f"runtime {runtime!r} has no INT8 activation type; use one of {known}")
+
+
+#: DequantizeLinear gained its ``axis`` (per-channel weight scales) in opset 13; an
+#: older model gets per-tensor weight scales rather than a graph the checker refuses.
+PER_AXIS_OPSET = 13
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
 def config_for(runtime: str, method: str = "minmax", per_channel: bool = True) -> QuantConfig:
@@ -295,8 +245,90 @@ def _check_qdq(model: onnx.ModelProto) -> None:
         )
 
 
-def quantize_model(
+def _pre_process(src: Path, pre: Path, symbolic: bool = True) -> None:
+    """ORT's quantization pre-processing (shape inference) of ``src`` into ``pre``;
+    ``symbolic=False``: ONNX's shape inference only (ORT's symbolic one imports torch)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if symbolic:
+        try:
+            quant_pre_process(str(src), str(pre), skip_optimization=True)
+            return
+        except Exception:  # symbolic inference fails on some graphs; ONNX's alone will do
+            pass
+    quant_pre_process(str(src), str(pre), skip_optimization=True, skip_symbolic_shape=True)
+
+
+def _check_samples(model: onnx.ModelProto, samples: Sequence[Feed]) -> list[Feed]:
+    if not samples:
+        raise ConfigError("no calibration samples to quantize with")
+    names = _graph_input_names(model)
+    for i, feed in enumerate(samples):
+        missing = [n for n in names if n not in feed]
+        if missing:
+            raise ConfigError(f"calibration sample {i} has no value for input {missing[0]!r}")
+    return [{n: feed[n] for n in names} for feed in samples]
+
+
+def model_ranges(
     model: onnx.ModelProto, samples: Sequence[Feed], config: QuantConfig
+) -> ModelRanges:
+    """The activation ranges of every float tensor of ``model`` on ``samples``, once,
+    for :func:`quantize_model` of any segment cut from it (``ranges=``)."""
+    feeds = _check_samples(model, samples)
+    with tempfile.TemporaryDirectory(prefix="splitinfer-ranges-") as tmp:
+        src, pre = Path(tmp) / "in.onnx", Path(tmp) / "pre.onnx"
+        onnx.save(without_pass_through(model), str(src))
+        with _quiet_quantizer():
+            try:
+                _pre_process(src, pre, symbolic=False)
+                inferred = onnx.load(str(pre))
+                if config.global_pool and global_pool(inferred):  # as each segment will be
+                    onnx.save(inferred, str(pre))
+                method, data = calibrate_data(pre, feeds, config, Path(tmp))
+            except Exception as exc:
+                raise ModelError(f"INT8 calibration failed: {_reason(exc)}") from exc
+    value_info = {vi.name: vi for vi in inferred.graph.value_info}
+    return ModelRanges(
+        activations=config.activations,
+        method=config.method,
+        calibration_method=method,
+        data=data,
+        types=tensor_types(inferred),
+        value_info=value_info,
+        samples=len(feeds),
+    )
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _inherit(model: onnx.ModelProto, ranges: ModelRanges) -> onnx.ModelProto | None:
+    """``model`` (a copy, pass-through outputs left out) with the whole model's shape
+    inference and the pre-processed mark, or None where it has a tensor the whole
+    model has no type for."""
+    from onnxruntime.quantization.quant_utils import add_pre_process_metadata
+
+    out = without_pass_through(model)
+    declared = {vi.name for vi in (*out.graph.input, *out.graph.output)}
+    inits = {t.name for t in out.graph.initializer}
+    names = {n for node in out.graph.node for n in node.output if n} - declared - inits
+    if any(n not in ranges.types for n in names):
+        return None
+    del out.graph.value_info[:]
+    known = ranges.value_info
+    out.graph.value_info.extend(known[n] for n in sorted(names) if n in known)
+    add_pre_process_metadata(out)
+    return out
+
+
+def quantize_model(
+    model: onnx.ModelProto,
+    samples: Sequence[Feed],
+    config: QuantConfig,
+    ranges: ModelRanges | None = None,
 ) -> onnx.ModelProto:
     """Static INT8 quantization in QDQ form, calibrated on ``samples``.
 
@@ -308,60 +340,59 @@ def quantize_model(
     model with nothing to quantize comes back unchanged (a copy). A graph input
     that is also a graph output (a cut tensor the edge forwards) is left out of
     the quantizer's view, which would otherwise route it through Q/DQ in a cycle.
+
+    ``ranges`` (:func:`model_ranges` of the model this one was cut from, on the
+    same samples with the same config) replaces both the pre-processing and the
+    calibration run; a segment with a tensor they do not cover does both itself.
     """
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    if not samples:
-        raise ConfigError("no calibration samples to quantize with")
-    names = _graph_input_names(model)
-    for i, feed in enumerate(samples):
-        missing = [n for n in names if n not in feed]
-        if missing:
-            raise ConfigError(f"calibration sample {i} has no value for input {missing[0]!r}")
-    feeds = [{n: feed[n] for n in names} for feed in samples]
+    feeds = _check_samples(model, samples)
     activation_type = QuantType.QUInt8 if config.activations == "u8s8" else QuantType.QInt8
+    inherited = None
+    if ranges is not None and ranges.fits(config, len(feeds)):
+        inherited = _inherit(model, ranges)
 
     with tempfile.TemporaryDirectory(prefix="splitinfer-quant-") as tmp:
         src, pre, out = (Path(tmp) / f for f in ("in.onnx", "pre.onnx", "out.onnx"))
-        onnx.save(without_pass_through(model), str(src))
         with _quiet_quantizer():
             try:
-                quant_pre_process(str(src), str(pre), skip_optimization=True)
-            except Exception:  # symbolic inference fails on some graphs; ONNX's alone will do
-                quant_pre_process(
-                    str(src), str(pre), skip_optimization=True, skip_symbolic_shape=True
-                )
-            try:
+                if inherited is None:
+                    onnx.save(without_pass_through(model), str(src))
+                    _pre_process(src, pre)
+                    prepared = onnx.load(str(pre))
+                else:
+                    prepared = inherited
                 if config.global_pool:
-                    pre_model = onnx.load(str(pre))
-                    if global_pool(pre_model):
-                        onnx.save(pre_model, str(pre))
-                prepared = onnx.load(str(pre))
+                    global_pool(prepared)
                 chosen = tensorrt_nodes(prepared) if config.placement == "tensorrt" else None
                 if chosen == []:  # nothing TensorRT runs in int8 ([] would mean "all")
                     return _copy(model)
-                method, cache = calibrate(pre, feeds, config, Path(tmp))
-                quantize_static(
-                    str(pre),
-                    str(out),
-                    None,
-                    quant_format=QuantFormat.QDQ,
-                    per_channel=config.per_channel,
-                    reduce_range=config.reduce_range,
-                    activation_type=activation_type,
-                    weight_type=QuantType.QInt8,
-                    calibrate_method=method,
-                    extra_options=_extra_options(config),
-                    calibration_cache_path=cache,
-                    op_types_to_quantize=list(config.op_types) if config.op_types else None,
-                    nodes_to_quantize=chosen,
-                    nodes_to_exclude=fp32_nodes(prepared, config) + output_guards(prepared),
-                )
+                subset = None if ranges is None or inherited is None else ranges.subset(prepared)
+                onnx.save(prepared, str(pre))
+                if ranges is None or subset is None:
+                    method, cache = calibrate(pre, feeds, config, Path(tmp))
+                else:
+                    method, cache = ranges.calibration_method, save_cache(subset, Path(tmp))
+                with weights_once(None if ranges is None else ranges.memo):
+                    quantize_static(
+                        str(pre),
+                        str(out),
+                        None,
+                        quant_format=QuantFormat.QDQ,
+                        per_channel=config.per_channel and _opset(prepared) >= PER_AXIS_OPSET,
+                        reduce_range=config.reduce_range,
+                        activation_type=activation_type,
+                        weight_type=QuantType.QInt8,
+                        calibrate_method=method,
+                        extra_options=_extra_options(config),
+                        calibration_cache_path=cache,
+                        op_types_to_quantize=list(config.op_types) if config.op_types else None,
+                        nodes_to_quantize=chosen,
+                        nodes_to_exclude=fp32_nodes(prepared, config) + output_guards(prepared),
+                    )
             except Exception as exc:  # the quantizer raises bare ValueError/RuntimeError...
-                text = str(exc).strip()
-                reason = text.splitlines()[0] if text else type(exc).__name__
-                raise ModelError(f"INT8 quantization failed: {reason}") from exc
+                raise ModelError(f"INT8 quantization failed: {_reason(exc)}") from exc
         result = onnx.load(str(out))
 
     if not any(n.op_type == "QuantizeLinear" for n in result.graph.node):

@@ -29,6 +29,7 @@ from splitinfer.partitioner.cuts import CutPlan
 from splitinfer.partitioner.loader import dims_of, graph_inputs
 from splitinfer.partitioner.segments import cloud_model, edge_model
 from splitinfer.shared.errors import PackageError
+from splitinfer.shared.ortsession import open_session
 
 Array = np.ndarray[Any, Any]
 Feeds = dict[str, Array]
@@ -93,13 +94,8 @@ def _random(vi: onnx.ValueInfoProto, shape: list[int], rng: np.random.Generator)
 
 
 def _session(model: onnx.ModelProto | str) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    opts.enable_cpu_mem_arena = False  # a few runs each: give the memory back
-    src = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+    # a few runs each: no arena, give the memory back
+    return open_session(model, log_severity=4, arena=False)
 
 
 def _run(sess: Any, feeds: Feeds) -> Feeds:

@@ -35,9 +35,22 @@ def session_options(
     log_severity: int = 3,
     spinning: bool = True,
     sequential: bool = False,
+    parallel: bool = False,
+    arena: bool = True,
+    priority_order: bool = False,
+    optimized_path: str | PathLike[str] | None = None,
+    profile: bool = False,
     config: Mapping[str, str] | None = None,
 ) -> Any:
-    """SessionOptions from named choices; ``threads=None`` leaves ONNX Runtime's default."""
+    """SessionOptions from named choices; ``threads=None`` leaves ONNX Runtime's default.
+
+    ``sequential`` / ``parallel``: the execution mode (default: ONNX Runtime's, sequential).
+    ``spinning=False``: idle worker threads block instead of spinning. ``arena=False``: no
+    CPU memory arena (a session run a few times gives its memory back). ``priority_order``:
+    each node runs as soon as its inputs exist (ONNX Runtime's priority-based order).
+    ``optimized_path``: ONNX Runtime writes the graph it optimized there. ``profile``: its
+    profiler on. ``config``: more session config entries, as ONNX Runtime names them.
+    """
     import onnxruntime as ort
 
     levels = {
@@ -53,8 +66,20 @@ def session_options(
         opts.intra_op_num_threads = threads
     if inter_threads is not None:
         opts.inter_op_num_threads = inter_threads
+    if sequential and parallel:
+        raise TypeError("an ONNX Runtime session is sequential or parallel, not both")
     if sequential:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if parallel:
+        opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    if not arena:
+        opts.enable_cpu_mem_arena = False
+    if priority_order:
+        opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    if optimized_path is not None:
+        opts.optimized_model_filepath = str(optimized_path)
+    if profile:
+        opts.enable_profiling = True
     if not spinning:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -75,7 +100,9 @@ def open_session(
 
     ``options`` is a ready SessionOptions; otherwise ``choices`` go to
     :func:`session_options`. A provider is a name or ``(name, options)``.
-    Load failures raise ModelError naming ``name`` (or the path).
+    Load failures raise one ModelError line, ``NAME: ONNX Runtime cannot load it:
+    REASON`` with ``name`` (else the path), or ``ONNX Runtime cannot load the model:
+    REASON`` for a model in memory or ``name="the model"``.
     """
     import onnxruntime as ort
 
@@ -97,5 +124,7 @@ def open_session(
         )
     except Exception as exc:  # onnxruntime raises its own, untyped errors
         label = name or (source if isinstance(source, str) else "the model")
-        message = " ".join(str(exc).split())[:400]
+        message = " ".join(str(exc).split())[:400] or type(exc).__name__
+        if label == "the model":
+            raise ModelError(f"ONNX Runtime cannot load the model: {message}") from exc
         raise ModelError(f"{label}: ONNX Runtime cannot load it: {message}") from exc

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from splitinfer.shared.ortsession import open_session
+
 _OPSET = 19
 _lock = threading.Lock()
 _sessions: dict[tuple[str, int, int], Any] = {}
@@ -41,7 +43,6 @@ def _session(op: str, rank: int, axis: int) -> Any:
 
 
 def _build(op: str, rank: int, axis: int) -> Any:
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     f32, i8 = TensorProto.FLOAT, TensorProto.INT8
@@ -60,15 +61,7 @@ def _build(op: str, rank: int, axis: int) -> Any:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)])
     model.ir_version = 9
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return open_session(model, threads=1, inter_threads=1, optimize="none", spinning=False)
 
 
 #: Per-axis kernels are fast only over long runs of one channel: with the channel

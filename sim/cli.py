@@ -21,7 +21,7 @@ import argparse
 import asyncio
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("scenario", type=Path, help="the scenario TOML file (docs/netsim.md)")
     run.add_argument("-o", "--output", type=Path, default=None, help="output folder")
     run.add_argument("--no-plots", action="store_true", help="write report.json only")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     run.set_defaults(run=_run_scenario)
     cmp = commands.add_parser(
         "compare",
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp.add_argument("--candidates", type=int, default=3, help="K of adaptive (default 3)")
     cmp.add_argument("-o", "--output", type=Path, default=Path("netsim-compare"))
+    cmp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     cmp.set_defaults(run=_run_compare)
     return p
 
@@ -217,7 +219,7 @@ def _run_scenario(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario)
     out = args.output or Path(f"netsim-{scenario.name}")
-    doc = _execute(scenario, out, plots=not args.no_plots)
+    doc = _execute(scenario, out, plots=not args.no_plots, progress=_progress(args.quiet))
     from splitinfer.sim.report import table
 
     print(table([(scenario.name, doc)]))
@@ -225,14 +227,28 @@ def _run_scenario(args: argparse.Namespace) -> int:
     return 0
 
 
-def _execute(scenario: Any, out: Path, plots: bool) -> dict[str, Any]:
+def _progress(quiet: bool, prefix: str = "") -> Callable[[str], None]:
+    """Progress lines on stderr (``netsim: ...``), or nothing under ``-q``."""
+    if quiet:
+        return lambda _message: None
+
+    def say(message: str) -> None:
+        print(f"{PROG}: {prefix}{message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _execute(
+    scenario: Any, out: Path, plots: bool, progress: Callable[[str], None]
+) -> dict[str, Any]:
     from splitinfer.sim.report import plot, report, write_json
     from splitinfer.sim.runner import run_scenario
 
-    runs = asyncio.run(run_scenario(scenario, out))
+    runs = asyncio.run(run_scenario(scenario, out, progress))
     doc = report(runs, _describe(scenario))
     write_json(doc, out / "report.json")
     if plots:
+        progress("plotting")
         plot(runs, scenario.link, out)
     return doc
 
@@ -272,7 +288,10 @@ def _run_compare(args: argparse.Namespace) -> int:
             edge=EdgeSpec(slowdown=args.slowdown),
             workload=WorkloadSpec(rate=args.rate, duration_s=parse_duration(args.duration)),
         )
-        docs.append((Path(trace).name, _execute(scenario, args.output / f"trace{i}", False)))
+        label = Path(trace).name
+        say = _progress(args.quiet, f"[trace {i + 1}/{len(args.traces)} {label}] ")
+        say(f"starting ({len(scenario.strategies)} strategies, {args.duration} each)")
+        docs.append((label, _execute(scenario, args.output / f"trace{i}", False, say)))
     print(table(docs))
     return 0
 

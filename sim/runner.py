@@ -36,13 +36,14 @@ from splitinfer.edge.model import EdgeModel, load_model, sample_inputs
 from splitinfer.edge.pipeline import Pipeline
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
 from splitinfer.shared.errors import SplitInferError
+from splitinfer.shared.manifest import load_manifest
 from splitinfer.sim.agents import AgentProcess, ProcessDevice, agent_argv, agent_status, started
 from splitinfer.sim.cloud import CloudService, batch_sizes
 from splitinfer.sim.config import LinkConfig
 from splitinfer.sim.device import emulated
 from splitinfer.sim.link import EmulatedLink
 from splitinfer.sim.scenario import Scenario
-from splitinfer.sim.strategies import Strategy
+from splitinfer.sim.strategies import Strategy, build, device_profile
 from splitinfer.sim.workload import Device, RequestRecord, StrategyRun, drive
 
 __all__ = [
@@ -58,6 +59,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Array = np.ndarray[Any, Any]
+Progress = Callable[[str], None]
+#: seconds between the "N s of M s" lines while a workload runs
+TICK_S = 5.0
+
+
+def _silent(_message: str) -> None:
+    return None
+
 
 # -- one edge device --------------------------------------------------------------------
 
@@ -210,12 +219,12 @@ async def run_strategy(
     samples: Sequence[Mapping[str, Array]] | None = None,
     profile: Path | str | None = None,
     logs: Path | None = None,
+    progress: Progress = _silent,
 ) -> StrategyRun:
     """One strategy: its agents behind fresh links, the workload, the counters.
     ``profile``: the device (see :func:`~splitinfer.sim.strategies.device_profile`);
-    ``logs``: the folder of the agent processes' logs (default: beside the package)."""
-    from splitinfer.shared.manifest import load_manifest
-
+    ``logs``: the folder of the agent processes' logs (default: beside the package);
+    ``progress``: a line now and then while the workload runs."""
     edge = scenario.edge
     work = scenario.workload
     profile = None if profile is None else str(profile)
@@ -227,9 +236,11 @@ async def run_strategy(
     async with _links(configs, _target(cloud.url), edge.agents, edge.shared_link) as rows:
         if edge.mode == "process":
             log_dir = logs or strategy.package.parent.parent.parent / "agent-logs"
-            run = await _run_processes(scenario, strategy, rows, samples, profile, log_dir)
+            run = await _run_processes(
+                scenario, strategy, rows, samples, profile, log_dir, progress
+            )
         else:
-            run = await _run_inprocess(scenario, strategy, rows, samples, profile)
+            run = await _run_inprocess(scenario, strategy, rows, samples, profile, progress)
         links = {id(link): link for row in rows for link in row}.values()
         run.link_up_bytes = sum(link.uplink_stats.delivered_bytes for link in links)
         run.link_down_bytes = sum(link.downlink_stats.delivered_bytes for link in links)
@@ -239,12 +250,41 @@ async def run_strategy(
     return run
 
 
+async def _ticker(progress: Progress, name: str, total_s: float, t0: float) -> None:
+    """``name: 5 s of 20 s`` every :data:`TICK_S` until cancelled."""
+    while True:
+        await asyncio.sleep(TICK_S)
+        done = time.monotonic() - t0
+        if done < total_s:
+            progress(f"  {name}: {done:.0f} s of {total_s:g} s")
+        else:
+            progress(f"  {name}: {done:.0f} s, waiting for the last answers")
+
+
 async def _drive_all(
-    scenario: Scenario, devices: Sequence[Device], samples: Sequence[Mapping[str, Array]]
+    scenario: Scenario,
+    devices: Sequence[Device],
+    samples: Sequence[Mapping[str, Array]],
+    progress: Progress = _silent,
+    name: str = "",
 ) -> tuple[list[RequestRecord], float]:
     work = scenario.workload
     t0 = time.monotonic()
-    per_agent = await asyncio.gather(
+    ticker = asyncio.create_task(_ticker(progress, name, work.duration_s, t0))
+    try:
+        per_agent = await _gather_drives(scenario, devices, samples)
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+    return [r for rs in per_agent for r in rs], time.monotonic() - t0
+
+
+async def _gather_drives(
+    scenario: Scenario, devices: Sequence[Device], samples: Sequence[Mapping[str, Array]]
+) -> list[list[RequestRecord]]:
+    work = scenario.workload
+    return await asyncio.gather(
         *(
             drive(
                 d,
@@ -258,7 +298,6 @@ async def _drive_all(
             for d in devices
         )
     )
-    return [r for rs in per_agent for r in rs], time.monotonic() - t0
 
 
 async def _run_inprocess(
@@ -267,6 +306,7 @@ async def _run_inprocess(
     rows: Sequence[Sequence[EmulatedLink]],
     samples: Sequence[Mapping[str, Array]],
     profile: str | None,
+    progress: Progress = _silent,
 ) -> StrategyRun:
     edge = scenario.edge
     models = [load_model(strategy.package) for _ in range(edge.agents)]
@@ -275,7 +315,8 @@ async def _run_inprocess(
     ]
     try:
         await asyncio.gather(*(d.start() for d in devices))
-        records, elapsed = await _drive_all(scenario, devices, samples)
+        progress(f"  {strategy.name}: {edge.agents} device(s) warm, workload started")
+        records, elapsed = await _drive_all(scenario, devices, samples, progress, strategy.name)
     finally:
         for d in devices:
             await d.stop()
@@ -290,6 +331,7 @@ async def _run_processes(
     samples: Sequence[Mapping[str, Array]],
     profile: str | None,
     log_dir: Path,
+    progress: Progress = _silent,
 ) -> StrategyRun:
     import aiohttp
 
@@ -316,7 +358,8 @@ async def _run_processes(
             ProcessDevice(i, url, rows[i], session, edge.request_timeout_s)
             for i, url in enumerate(urls)
         ]
-        records, elapsed = await _drive_all(scenario, devices, samples)
+        progress(f"  {strategy.name}: {edge.agents} edge-agent(s) listening, workload started")
+        records, elapsed = await _drive_all(scenario, devices, samples, progress, strategy.name)
         states = await asyncio.gather(*(agent_status(session, u) for u in urls))
     spent = [s["privacy_epsilon_spent"] for s in states if "privacy_epsilon_spent" in s]
     return StrategyRun(
@@ -328,22 +371,47 @@ async def _run_processes(
     )
 
 
-async def run_scenario(scenario: Scenario, out_dir: Path) -> list[StrategyRun]:
-    """Build every strategy's package, start the cloud, run the strategies one by one."""
-    from splitinfer.sim.strategies import build, device_profile
-
+async def run_scenario(
+    scenario: Scenario, out_dir: Path, progress: Progress = _silent
+) -> list[StrategyRun]:
+    """Build every strategy's package, start the cloud, run the strategies one by one;
+    ``progress`` hears what it is doing and how far along (``netsim`` prints it on
+    stderr unless ``-q``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     repo = out_dir / "repository"
+    t0 = time.monotonic()
+    if scenario.edge.device is None and scenario.edge.slowdown > 1:
+        progress(f"profiling the model for a device {scenario.edge.slowdown:g}x slower")
     profile = device_profile(scenario, out_dir / "work")
-    strategies = build(scenario, repo, out_dir / "work", profile)
+    progress(f"building the packages of {len(scenario.strategies)} strategy entries")
+    strategies = build(scenario, repo, out_dir / "work", profile, progress=progress)
+    progress(
+        f"{len(strategies)} package(s) built ({time.monotonic() - t0:.0f} s); "
+        "starting the cloud service"
+    )
     models = sorted({s.package.parent.name for s in strategies})
     runs: list[StrategyRun] = []
     async with CloudService(repo, models, scenario.cloud, out_dir / "cloud-service.log") as cloud:
-        for strategy in strategies:
+        for i, strategy in enumerate(strategies, 1):
             log.info("running %s", strategy.name)
-            runs.append(
-                await run_strategy(
-                    scenario, strategy, cloud, profile=profile, logs=out_dir / "agent-logs"
-                )
+            t1 = time.monotonic()
+            progress(
+                f"strategy {i}/{len(strategies)}: {strategy.name} "
+                f"({scenario.workload.duration_s:g} s of {scenario.workload.kind} workload)"
+            )
+            run = await run_strategy(
+                scenario,
+                strategy,
+                cloud,
+                profile=profile,
+                logs=out_dir / "agent-logs",
+                progress=progress,
+            )
+            runs.append(run)
+            ok = [r.latency_s for r in run.records if r.ok]
+            p50 = f", p50 {np.percentile(ok, 50) * 1e3:.1f} ms" if ok else ""
+            progress(
+                f"  {strategy.name}: {len(ok)}/{len(run.records)} answered{p50} "
+                f"({time.monotonic() - t1:.0f} s)"
             )
     return runs

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,9 +113,11 @@ def write_strategy(
     link: LinkConfig | None = None,
     candidates: int = 1,
     fallback: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> None:
     """Write the package of strategy ``name`` into ``out`` with the partitioner's
-    library: what ``partition --split ...`` writes for it (see the module docstring)."""
+    library: what ``partition --split ...`` writes for it (see the module docstring).
+    ``progress``: the partitioner's progress lines of ``auto``/``adaptive``."""
     from splitinfer.partitioner.pipeline import PackageExtras, artifacts_for, write_package
 
     if name in ("auto", "adaptive"):
@@ -126,7 +128,8 @@ def write_strategy(
             edge_profile=None if profile is None else str(profile),
             candidates=candidates if name == "adaptive" else 1,
         )
-        result = auto_split(prepared, opts, lambda _m: None, lambda _m: None)
+        say = progress or (lambda _m: None)
+        result = auto_split(prepared, opts, say, lambda _m: None)
         extras = result.extras
         if fallback:
             extras.fallback = prepared.optimized
@@ -161,16 +164,23 @@ def _plan_input_codec(prepared: Prepared, art: CutArtifacts, codec: str) -> None
 
 
 def build(
-    scenario: Scenario, repo: Path, work: Path, profile: Path | str | None = None
+    scenario: Scenario,
+    repo: Path,
+    work: Path,
+    profile: Path | str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[Strategy]:
     """Partition ``scenario.model`` once per strategy into ``repo/<model>/<version>``;
     ``auto`` and ``adaptive`` plan with the device's node ``profile`` (None: measure
-    on this machine)."""
+    on this machine). ``progress`` hears of each package and of auto's steps."""
     work.mkdir(parents=True, exist_ok=True)
     prepared = prepare(scenario.model, scenario.input_shape)
     built: list[Strategy] = []
     tmp = work / "packages"
-    for name in expand(scenario.strategies, prepared):
+    names = expand(scenario.strategies, prepared)
+    for i, name in enumerate(names, 1):
+        if progress is not None:
+            progress(f"package {i}/{len(names)}: {name}")
         version = version_name(name)
         out = tmp / version
         if out.exists():
@@ -184,6 +194,7 @@ def build(
                 link=scenario.link,
                 candidates=scenario.candidates,
                 fallback=scenario.edge.fallback,
+                progress=None if progress is None else _indented(progress, name),
             )
         except SplitInferError as exc:
             raise ConfigError(f"strategy {name}: {exc}") from None
@@ -195,6 +206,10 @@ def build(
         shutil.copytree(out, dest)
         built.append(Strategy(name, version, dest, adaptive=name == "adaptive"))
     return built
+
+
+def _indented(progress: Callable[[str], None], name: str) -> Callable[[str], None]:
+    return lambda message: progress(f"  {name}: {message}")
 
 
 def device_profile(scenario: Scenario, work: Path) -> str | None:

@@ -8,12 +8,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from splitinfer.shared.ortsession import open_session
+
 
 def session(model: onnx.ModelProto | Path) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    src = str(model) if isinstance(model, Path) else model.SerializeToString()
-    return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+    return open_session(model)
 
 
 def run(model: onnx.ModelProto | Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

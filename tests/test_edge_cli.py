@@ -10,8 +10,8 @@ from graphs import chain
 
 from splitinfer.edge.cli import main
 from splitinfer.edge.profile import whole_model
-from splitinfer.partitioner.nodeprofile import NodeProfile
 from splitinfer.partitioner.pipeline import PackageExtras, artifacts_for, prepare, write_package
+from splitinfer.shared.nodeprofile import NodeProfile
 from splitinfer.shared.package import open_package
 
 pytestmark = pytest.mark.integration

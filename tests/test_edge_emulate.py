@@ -17,9 +17,9 @@ from splitinfer.edge.config import RuntimeConfig
 from splitinfer.edge.emulate import EmulatedRunner, emulate, load_device
 from splitinfer.edge.model import load_model
 from splitinfer.edge.runtime import SegmentRunner
-from splitinfer.partitioner.nodeprofile import NodeProfile
 from splitinfer.partitioner.pipeline import PackageExtras, artifacts_for, prepare, write_package
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.nodeprofile import NodeProfile
 
 pytestmark = pytest.mark.unit
 

@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from splitinfer.cloud.moe.cache import CacheConfig, ExpertCache, MoEMetrics, SyncExecutor
-from splitinfer.cloud.moe.executor import MoEExecutor, MoELayerParams, MoESpec, moe_reference
-from splitinfer.cloud.moe.store import ExpertStore, write_layer_shard
+from splitinfer.cloud.moe.executor import MoEExecutor, MoELayerParams, moe_reference
+from splitinfer.cloud.moe.store import ExpertStore
 from splitinfer.shared.errors import ConfigError, PackageError
+from splitinfer.shared.moe import MoESpec, write_layer_shard
 
 pytestmark = pytest.mark.unit
 

@@ -15,14 +15,15 @@ from splitinfer.cloud.moe.cache import CacheConfig, ExpertCache, MoEMetrics, Syn
 from splitinfer.cloud.moe.executor import (
     MoEExecutor,
     MoELayerParams,
-    MoESpec,
     group_by_expert,
     moe_reference,
     route,
 )
-from splitinfer.cloud.moe.store import ExpertStore, write_layer_shard
-from splitinfer.models.moe import MoEConfig, layer_arrays, moe_layer
+from splitinfer.cloud.moe.store import ExpertStore
+from splitinfer.models.moe import MoEConfig, moe_layer
+from splitinfer.partitioner.moe_export import layer_arrays
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.moe import MoESpec, write_layer_shard
 
 pytestmark = pytest.mark.unit
 

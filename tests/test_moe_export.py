@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from splitinfer.cloud.moe.cache import CacheConfig, MoEMetrics, SyncExecutor
-from splitinfer.cloud.moe.executor import MoESpec
-from splitinfer.cloud.moe.export import export_moe_package, moe_layer_cost
 from splitinfer.cloud.moe.runner import MoEProgram, MoERunner
 from splitinfer.models.moe import INPUT_SHAPES, moe_transformer, moe_vision, reference
+from splitinfer.partitioner.moe_export import export_moe_package, moe_layer_cost
 from splitinfer.shared.errors import PackageError
+from splitinfer.shared.moe import MoESpec
+from splitinfer.shared.ortsession import open_session
 from splitinfer.shared.package import open_package
 
 pytestmark = pytest.mark.integration
@@ -34,9 +35,8 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object
 
 
 def run_split(package: Path, x: np.ndarray, budget: int, prefetch: bool = True) -> tuple:
-    import onnxruntime as ort
 
-    edge = ort.InferenceSession(str(package / "edge.onnx"), providers=["CPUExecutionProvider"])
+    edge = open_session(package / "edge.onnx")
     h0, u0 = edge.run(["h0", "u0"], {"x": x})
     runner = MoERunner(package, CacheConfig(budget), prefetcher=SyncExecutor(), prefetch=prefetch)
     return runner.run({"h0": h0, "u0": u0})["logits"], runner
@@ -129,7 +129,6 @@ def test_cost_counts_top_k_experts_and_expected_bytes() -> None:
 async def test_the_cloud_engine_serves_an_moe_package_with_a_small_cache(
     packages: dict[str, tuple[object, Path]], tmp_path: Path
 ) -> None:
-    import onnxruntime as ort
     from cloudkit import config
 
     from splitinfer.cloud.engine import Engine
@@ -146,7 +145,7 @@ async def test_the_cloud_engine_serves_an_moe_package_with_a_small_cache(
     )
     x = np.random.default_rng(11).standard_normal((3, *INPUT_SHAPES["transformer"]))
     x = x.astype(np.float32)
-    edge = ort.InferenceSession(str(package / "edge.onnx"), providers=["CPUExecutionProvider"])
+    edge = open_session(package / "edge.onnx")
     h0, u0 = edge.run(["h0", "u0"], {"x": x})
     async with Engine(config(tmp_path), runtime_factory=factory) as engine:
         outputs, version = await engine.infer_arrays(

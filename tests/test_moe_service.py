@@ -18,9 +18,9 @@ import pytest
 from daemons import daemon
 
 from splitinfer.cloud.config import RuntimeConfig
-from splitinfer.cloud.moe.export import export_moe_package
 from splitinfer.cloud.moe.runtime import UNBOUNDED, cache_config
 from splitinfer.models.moe import INPUT_SHAPES, moe_transformer, reference
+from splitinfer.partitioner.moe_export import export_moe_package
 from splitinfer.shared.errors import ConfigError
 from splitinfer.sim.daemon import Daemon
 

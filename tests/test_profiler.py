@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from graphs import chain, f32, free_dims, make, rand
 from onnx import helper
@@ -19,6 +18,7 @@ from splitinfer.partitioner.pipeline import prepare
 from splitinfer.partitioner.profiler import NodeProfile, host_device_name, measure_nodes
 from splitinfer.partitioner.runtime_map import Attributor, RuntimeNode, node_keys
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.ortsession import open_session
 
 pytestmark = pytest.mark.integration
 
@@ -97,10 +97,7 @@ def test_fused_conv_relu_is_split_by_flops(
     conv_profile: NodeProfile, conv_analysis: GraphAnalysis, tmp_path: Path
 ) -> None:
     # the session really fuses: no Relu kernel runs, and nothing is named relu1
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.optimized_model_filepath = str(tmp_path / "runtime.onnx")
-    ort.InferenceSession(conv_net().SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    open_session(conv_net(), optimized_path=tmp_path / "runtime.onnx")
     runtime = onnx.load(str(tmp_path / "runtime.onnx")).graph.node
     assert "Relu" not in {n.op_type for n in runtime}
     assert "relu1" not in {n.name for n in runtime}

@@ -11,17 +11,18 @@ from onnx import helper
 
 from splitinfer.partitioner.analysis import GraphAnalysis, analyse
 from splitinfer.partitioner.flops import node_flops
-from splitinfer.partitioner.nodeprofile import NodeProfile
-from splitinfer.partitioner.profiles import (
-    BUILTIN,
-    DeviceProfile,
-    NodeTimes,
-    node_times,
-    resolve_profile,
-    roofline_times,
-)
+from splitinfer.partitioner.profiles import NodeTimes, node_times, node_work, roofline_times
 from splitinfer.partitioner.runtime_map import node_keys
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.nodeprofile import NodeProfile
+from splitinfer.shared.profiles import (
+    BUILTIN,
+    DeviceProfile,
+    NodeWork,
+    TensorWork,
+    resolve_profile,
+    roofline_seconds,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -297,3 +298,37 @@ def test_a_profile_of_another_graph_is_refused() -> None:
     assert "efefefefefef" in message
     with pytest.raises(ConfigError, match="lacks 2"):
         node_times(analysis, other, "fp32", fallback=TOY)  # a fallback does not excuse 6%
+
+
+def test_the_roofline_formula_runs_on_a_node_table_with_no_graph() -> None:
+    # shared/: anything that can describe its nodes gets the same estimate
+    act = TensorWork(1000, 4, is_float=True, batched=True)  # 1000 floats a sample
+    weight = TensorWork(500, 4, is_float=True, batched=False)
+    ids = TensorWork(10, 8, is_float=False, batched=True)  # int64 stays 8 bytes
+    work = [
+        NodeWork("mm", "MatMul", True, 10**9, (act, weight, act)),
+        NodeWork("relu", "Relu", True, 1000, (act, act)),
+        NodeWork("shape", "Shape", False, 0),
+        NodeWork("view", "Reshape", True, 0, (act, act)),
+        NodeWork("gather", "Gather", True, 0, (ids, act)),
+    ]
+    t = roofline_seconds(work, TOY, "int8", batch=2)
+    peak = TOY.peak_flops["int8"] * TOY.efficiency
+    assert t["mm"] == pytest.approx(2e9 / peak + TOY.launch_overhead_s)
+    moved = 2 * 1000 * 2 * 1  # two activations of 2 samples at 1 byte (int8)
+    fp32_peak = TOY.peak_flops["fp32"] * TOY.efficiency
+    assert t["relu"] == pytest.approx(
+        max(2000 / fp32_peak, moved / TOY.mem_bandwidth) + TOY.launch_overhead_s
+    )
+    assert t["shape"] == 0.0
+    assert t["view"] == TOY.launch_overhead_s
+    gather_bytes = 2 * 10 * 8 + 2 * 1000 * 1
+    assert t["gather"] == pytest.approx(gather_bytes / TOY.mem_bandwidth + TOY.launch_overhead_s)
+
+
+def test_the_partitioner_roofline_is_the_shared_formula_on_its_analysis() -> None:
+    analysis = dense_net()
+    for precision in ("fp32", "int8"):
+        assert roofline_times(analysis, TOY, precision, 4) == roofline_seconds(
+            node_work(analysis), TOY, precision, 4
+        )

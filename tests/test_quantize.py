@@ -711,8 +711,8 @@ def test_a_tensorrt_segment_that_breaks_the_rules_is_refused(
 
 
 def test_the_edge_profile_chooses_the_recipe(tmp_path: Path) -> None:
-    from splitinfer.partitioner.nodeprofile import NodeProfile
     from splitinfer.partitioner.profiles import BUILTIN
+    from splitinfer.shared.nodeprofile import NodeProfile
 
     trt = next(name for name, p in BUILTIN.items() if p.runtime == "tensorrt")
     cpu = next(name for name, p in BUILTIN.items() if p.runtime == "onnxruntime-cpu")
@@ -730,3 +730,37 @@ def test_the_edge_profile_chooses_the_recipe(tmp_path: Path) -> None:
         )
         measured.save(tmp_path / f"{runtime}.json")
         assert runtime_for_profile(str(tmp_path / f"{runtime}.json")) == want
+
+
+def test_an_opset_12_model_gets_per_tensor_weight_scales_the_checker_accepts() -> None:
+    """DequantizeLinear has no ``axis`` before opset 13: per-channel would be refused."""
+    model = make(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c1"], ["r1"]),
+            helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c2"], ["r2"]),
+            helper.make_node("Conv", ["r2", "w3"], ["c3"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c3"], ["y"]),
+        ],
+        [f32("x", [1, 3, 16, 16])],
+        [f32("y", [1, 8, 16, 16])],
+        {
+            "w1": rand(8, 3, 3, 3, seed=1),
+            "w2": rand(8, 8, 3, 3, seed=2),
+            "w3": rand(8, 8, 3, 3, seed=3),
+        },
+        opset=12,
+    )
+    samples = [{"x": rand(1, 3, 16, 16, seed=s)} for s in range(4)]
+    q = quantize_model(model, samples, config_for("cpu"))
+    onnx.checker.check_model(q, full_check=True)
+    dq = [n for n in q.graph.node if n.op_type == "DequantizeLinear"]
+    assert dq
+    assert count_qdq(q)["QuantizeLinear"] > 0
+    scales = {i.name: i for i in q.graph.initializer}
+    weight_scales = [scales[n.input[1]] for n in dq if n.input[1] in scales]
+    assert all(len(s.dims) == 0 or s.dims == [1] for s in weight_scales)
+    ref = run(model, samples[0])["y"]
+    got = run(q, samples[0])["y"]
+    assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max()

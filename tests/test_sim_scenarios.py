@@ -373,7 +373,12 @@ def test_netsim_run_drives_agent_processes_and_leaves_none_behind(
     )
     out = tmp_path / "out"
     assert main(["run", str(path), "-o", str(out), "--no-plots"]) == 0
-    assert "cloud-only" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "cloud-only" in captured.out
+    # progress on stderr: what it does and how far along
+    for line in ("netsim: package 2/2: cloud-only", "netsim: strategy 1/2: edge-only"):
+        assert line in captured.err, captured.err
+    assert "answered, p50" in captured.err, captured.err
     doc = json.loads((out / "report.json").read_text())
     by = {s["strategy"]: s for s in doc["strategies"]}
     for s in by.values():

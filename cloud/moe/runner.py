@@ -18,11 +18,12 @@ import numpy as np
 
 from splitinfer.cloud.moe.cache import CacheConfig, ExpertCache, MoEMetrics
 from splitinfer.cloud.moe.device import Device
-from splitinfer.cloud.moe.executor import MoEExecutor, MoELayerParams, MoESpec
-from splitinfer.cloud.moe.export import MOE_DOMAIN, MOE_OP, PROGRAM_FORMAT
+from splitinfer.cloud.moe.executor import MoEExecutor, MoELayerParams
 from splitinfer.cloud.moe.store import ExpertStore
 from splitinfer.shared.errors import PackageError
 from splitinfer.shared.manifest import resolve_file
+from splitinfer.shared.moe import MOE_DOMAIN, MOE_OP, PROGRAM_FORMAT, MoESpec
+from splitinfer.shared.ortsession import open_session
 from splitinfer.shared.package import sha256_of
 
 
@@ -98,7 +99,6 @@ class MoERunner:
         prefetch: bool = True,
         providers: tuple[str, ...] = ("CPUExecutionProvider",),
     ) -> None:
-        import onnxruntime as ort
 
         self.program = MoEProgram.load(package, program_file)
         moe_steps = [s for s in self.program.steps if s.op == MOE_OP]
@@ -117,11 +117,9 @@ class MoERunner:
                 raise PackageError(f"{s.file}: router shape {router.shape} does not match its spec")
             layers.append(MoELayerParams(s.spec, router))
         self.executor = MoEExecutor(layers, self.cache, prefetch=prefetch)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
         self.sessions: dict[str, Any] = {
-            s.file: ort.InferenceSession(
-                str(resolve_file(package, s.file)), options, providers=list(providers)
+            s.file: open_session(
+                resolve_file(package, s.file), providers=list(providers), name=s.file
             )
             for s in self.program.steps
             if s.op == "onnx"

@@ -2,7 +2,8 @@
 
 A layer's shard holds ``router`` [experts, d] and, per expert ``j``,
 ``e{j}.w1``, ``e{j}.w2`` (and ``e{j}.w3`` for SwiGLU) in torch Linear layout.
-The files are written with the safetensors library; they are read here by
+The files are written with the safetensors library
+(:func:`splitinfer.shared.moe.write_layer_shard`); they are read here by
 memory-mapping the file and viewing each tensor at its header offsets
 (safetensors' documented layout: 8-byte little-endian header length, JSON
 header, raw little-endian data), so reads from several threads need no
@@ -23,21 +24,6 @@ from splitinfer.shared.errors import PackageError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64}
 MAX_HEADER = 100 * 1024 * 1024
-
-
-def write_layer_shard(
-    path: Path, router: np.ndarray, experts: Sequence[Mapping[str, np.ndarray]], spec: str
-) -> Path:
-    """Write one layer's router and experts as a safetensors file (``spec``: JSON metadata)."""
-    from safetensors.numpy import save_file
-
-    tensors = {"router": np.ascontiguousarray(router, dtype=np.float32)}
-    for j, w in enumerate(experts):
-        for name, arr in w.items():
-            tensors[f"e{j}.{name}"] = np.ascontiguousarray(arr, dtype=np.float32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata={"moe_spec": spec})
-    return path
 
 
 class Shard:

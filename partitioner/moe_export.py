@@ -1,5 +1,8 @@
 """Export an MoE torch model (``models/moe.py``'s MoEStack) to a split package.
 
+The package's own parts (the program format, the MoE step, the layer spec and
+the expert shards) are defined in :mod:`splitinfer.shared.moe`.
+
 Layout (manifest format 2, one cut ``moe0``)::
 
     manifest.json          edge segment edge.onnx; cloud segment moe.json
@@ -23,8 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitinfer.cloud.moe.executor import MoESpec
-from splitinfer.cloud.moe.store import write_layer_shard
+from splitinfer.partitioner.torch_export import export_onnx
 from splitinfer.shared.manifest import (
     CodecSpec,
     Cut,
@@ -32,10 +34,8 @@ from splitinfer.shared.manifest import (
     Segment,
     TensorSpec,
 )
+from splitinfer.shared.moe import MOE_DOMAIN, MOE_OP, PROGRAM_FORMAT, MoESpec, write_layer_shard
 from splitinfer.shared.package import sha256_of
-
-PROGRAM_FORMAT = "splitinfer.moe-program"
-MOE_DOMAIN, MOE_OP = "splitinfer.moe", "MoE"
 
 
 @dataclass(frozen=True)
@@ -76,30 +76,19 @@ def _export(
 ) -> None:
     """ONNX for one dense stage, batch dimension free. The TorchScript exporter is the
     default here: about 20x faster than dynamo on these small stages (0.1 s vs 2.3 s)."""
-    if dynamo:
-        from splitinfer.partitioner.torch_export import export_onnx
+    export_onnx(net, example, path, ins, outs, dynamo=dynamo)
 
-        export_onnx(net, example, path, ins, outs)
-        return
-    import contextlib
-    import io
-    import warnings
 
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            net,
-            example,
-            str(path),
-            input_names=ins,
-            output_names=outs,
-            dynamic_axes={n: {0: "batch"} for n in (*ins, *outs)},
-            opset_version=17,
-            dynamo=False,
-        )
+def layer_arrays(layer: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """An MoE layer's router [experts, d] and experts' weights as numpy (torch layout)."""
+    router = layer.router.weight.detach().numpy().copy()
+    experts = []
+    for ex in layer.experts:
+        w = {"w1": ex.w1.weight, "w2": ex.w2.weight}
+        if ex.kind == "swiglu":
+            w["w3"] = ex.w3.weight
+        experts.append({k: v.detach().numpy().copy() for k, v in w.items()})
+    return router, experts
 
 
 def _segment(out: Path, rel: str, inputs: list[str], outputs: list[str]) -> Segment:
@@ -122,8 +111,6 @@ def export_moe_package(
 ) -> Path:
     """Write ``model`` (an eval-mode MoEStack) as a split package in ``out``."""
     import torch
-
-    from splitinfer.models.moe import layer_arrays
 
     out.mkdir(parents=True, exist_ok=True)
     x = torch.randn(2, *sample_shape, generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,59 @@
+"""bench/bench_costmodel.py --quick, the CI smoke run: a small zoo model through the real
+cloud-service and edge-agent; the table has its columns and the oracle is the best."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytestmark = pytest.mark.integration  # starts cloud-service and an edge-agent
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_costmodel.py"
+COLUMNS = ("model", "device", "link", "pred", "best", "auto ms", "/oracle", "/cloud", "/edge")
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_costmodel", BENCH)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # two daemons, an export and 9 pinned requests: 40 s alone here, 2 min loaded
+def test_quick_run_measures_every_cut_and_the_oracle_is_the_best(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _bench()
+    out = tmp_path / "rows.json"
+    argv = ["--quick", "--runs", "1", "--max-measured", "3", "--work", str(tmp_path), "-q"]
+    assert bench.main([*argv, "--json", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert printed.err == ""  # -q: no progress
+    header = next(line for line in printed.out.splitlines() if line.startswith("model"))
+    for column in COLUMNS:
+        assert column in header, header
+    assert "acceptance: not judged under --quick" in printed.out
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert [r["link"] for r in rows] == ["0.5 Mbit/s", "5 Mbit/s", "50 Mbit/s"]
+    for r in rows:
+        measured = r["all_ms"]
+        assert len(measured) == 3, measured  # cloud-only, edge-only and one split
+        assert r["oracle_ms"] == min(measured.values())
+        # the oracle is no slower than any strategy: auto, edge-only, cloud-only
+        for strategy in (r["auto_ms"], r["edge_ms"], r["cloud_codec_ms"]):
+            assert r["oracle_ms"] <= strategy
+        assert r["vs_oracle"] >= 1.0
+        assert r["predicted"] in measured
+    # the fixed rates order the same cut's latency: slower link, no faster answer
+    for cut in rows[0]["all_ms"]:
+        lat = [r["all_ms"][cut] for r in rows]
+        assert lat == sorted(lat, reverse=True), (cut, lat)

@@ -1,0 +1,89 @@
+"""INT8 ranges calibrated once on the whole model, and each weight quantized once, give
+every segment cut from it the same QDQ graph as quantizing that segment on its own
+(``quantize.model_ranges``, ``quantize_model(ranges=...)``, ``quant_memo``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from test_quantize import conv_net, feeds
+
+from splitinfer.partitioner.pipeline import artifacts_for, prepare
+from splitinfer.partitioner.quant_config import QuantConfig
+from splitinfer.partitioner.quant_memo import weights_once
+from splitinfer.partitioner.quantize import config_for, count_qdq, model_ranges, quantize_model
+
+pytestmark = pytest.mark.integration
+
+
+def _same(a: onnx.ModelProto, b: onnx.ModelProto) -> None:
+    """Node for node and initializer for initializer (shape annotations may differ)."""
+    assert list(a.graph.node) == list(b.graph.node)
+    assert sorted(a.graph.initializer, key=lambda t: t.name) == sorted(
+        b.graph.initializer, key=lambda t: t.name
+    )
+    assert list(a.graph.input) == list(b.graph.input)
+    assert list(a.graph.output) == list(b.graph.output)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [config_for("cpu"), config_for("tensorrt"), QuantConfig("u8s8", "entropy")],
+    ids=["cpu", "tensorrt", "entropy"],
+)
+def test_segments_quantized_with_whole_model_ranges_match_their_own(
+    config: QuantConfig, tmp_path: Path
+) -> None:
+    path = tmp_path / "net.onnx"
+    onnx.save(conv_net(), str(path))
+    prepared = prepare(path, {"x": [1, 3, 8, 8]})
+    samples = feeds(12)
+    ranges = model_ranges(prepared.analysis.model, samples, config)
+    plans = [p for p in prepared.space.plans() if p.kind != "none"]
+    assert len(plans) >= 3
+    for plan in (plans[0], plans[len(plans) // 2], plans[-1]):
+        edge = artifacts_for(prepared, plan).edge
+        assert edge is not None
+        assert ranges.subset(edge) is not None  # the shared ranges cover it: no fallback
+        own = quantize_model(edge, samples, config)
+        shared = quantize_model(edge, samples, config, ranges=ranges)
+        _same(own, shared)
+        if plan.kind == "all":
+            assert count_qdq(shared)["QuantizeLinear"] >= 3
+    assert any(key[0] == "weight" for key in ranges.memo) or config.placement == "tensorrt"
+    # other samples than the ranges were made on: the segment calibrates itself
+    other = quantize_model(edge, feeds(5, seed=50), config, ranges=ranges)
+    _same(other, quantize_model(edge, feeds(5, seed=50), config))
+
+
+def test_a_segment_with_a_tensor_the_model_lacks_calibrates_itself(tmp_path: Path) -> None:
+    net = conv_net()
+    config = config_for("cpu")
+    samples = feeds(6)
+    ranges = model_ranges(net, samples, config)
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(net)
+    for node in renamed.graph.node:  # relu1's output under another name
+        node.input[:] = ["r1_other" if n == "r1" else n for n in node.input]
+        node.output[:] = ["r1_other" if n == "r1" else n for n in node.output]
+    assert ranges.subset(renamed) is None
+    _same(
+        quantize_model(renamed, samples, config, ranges=ranges),
+        quantize_model(renamed, samples, config),
+    )
+
+
+def test_the_weight_memo_is_undone_after_the_block() -> None:
+    from onnxruntime.quantization import qdq_quantizer
+
+    calc = qdq_quantizer.QDQQuantizer._calc_initializer_quant_params
+    quantize_init = qdq_quantizer.quantize_onnx_initializer
+    memo: dict[object, object] = {}
+    with weights_once(memo):
+        assert qdq_quantizer.quantize_onnx_initializer is not quantize_init
+    assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is calc
+    assert qdq_quantizer.quantize_onnx_initializer is quantize_init
+    with weights_once(None):
+        assert qdq_quantizer.quantize_onnx_initializer is quantize_init
