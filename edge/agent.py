@@ -57,19 +57,24 @@ from splitinfer.edge.pipeline import Pipeline, Result
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
 from splitinfer.serving.body import BodyBudget, ClientGone, read_body
 from splitinfer.shared.auth import Credential, CredentialStore, client_ssl_context, sign
+from splitinfer.shared.contract import (
+    HEADER_CUT,
+    HEADER_DOWN_BYTES,
+    HEADER_LOCAL,
+    HEADER_LOCAL_REASON,
+    HEADER_PRIORITY,
+    HEADER_TIMEOUT,
+    HEADER_TIMINGS,
+    HEADER_TRACE,
+    HEADER_UP_BYTES,
+    HEADER_VERSION,
+)
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-H_TIMINGS = "X-Splitinfer-Timings"
-H_TIMEOUT = "X-Splitinfer-Timeout-Ms"
-H_CUT = "X-Splitinfer-Cut"
-H_LOCAL = "X-Splitinfer-Local"
-H_REASON = "X-Splitinfer-Local-Reason"
-H_PRIORITY = "X-Splitinfer-Priority"
-H_TRACE = "X-Splitinfer-Trace"
 #: Longest X-Splitinfer-Timeout-Ms accepted: one day (a deadline must fit the wire's u64 ms).
 MAX_TIMEOUT_MS = 86_400_000
 
@@ -268,15 +273,17 @@ def _pipeline(request: web.Request) -> tuple[AgentState, Pipeline]:
 
 
 def _timeout(request: web.Request) -> float | None:
-    text = request.headers.get(H_TIMEOUT)
+    text = request.headers.get(HEADER_TIMEOUT)
     if text is None:
         return None
     try:
         ms = float(text)
     except ValueError:
-        raise BadInput(f"{H_TIMEOUT}: {text!r} is not a number of milliseconds") from None
+        raise BadInput(f"{HEADER_TIMEOUT}: {text!r} is not a number of milliseconds") from None
     if not (math.isfinite(ms) and 0 < ms <= MAX_TIMEOUT_MS):
-        raise BadInput(f"{H_TIMEOUT}: {text[:32]!r} must be milliseconds in (0, {MAX_TIMEOUT_MS}]")
+        raise BadInput(
+            f"{HEADER_TIMEOUT}: {text[:32]!r} must be milliseconds in (0, {MAX_TIMEOUT_MS}]"
+        )
     return ms / 1e3
 
 
@@ -320,8 +327,8 @@ async def _infer(
             None, parse_body, kind, body, state.model.manifest, q.max_body_bytes
         )
     headers = {}
-    if H_PRIORITY in request.headers:
-        headers[H_PRIORITY] = request.headers[H_PRIORITY]
+    if HEADER_PRIORITY in request.headers:
+        headers[HEADER_PRIORITY] = request.headers[HEADER_PRIORITY]
     state.metrics.queued.set(state.admission.waiting + 1)
     async with state.admission.slot():
         state.metrics.queued.set(state.admission.waiting)
@@ -334,8 +341,8 @@ async def _infer(
             result = await pipeline.infer(
                 raw,
                 deadline=deadline,
-                cut=request.headers.get(H_CUT),
-                trace_id=request.headers.get(H_TRACE, "")[:128],
+                cut=request.headers.get(HEADER_CUT),
+                trace_id=request.headers.get(HEADER_TRACE, "")[:128],
                 headers=headers,
             )
         finally:
@@ -370,19 +377,19 @@ def timing_header(result: Result, pipeline: Pipeline) -> str:
 
 def _answer(request: web.Request, result: Result, kind: str, pipeline: Pipeline) -> web.Response:
     headers = {
-        "X-Splitinfer-Cut": result.cut_id,
-        H_LOCAL: "1" if result.local else "0",
+        HEADER_CUT: result.cut_id,
+        HEADER_LOCAL: "1" if result.local else "0",
     }
     if result.local:
-        headers[H_REASON] = result.reason.split(":")[0]
+        headers[HEADER_LOCAL_REASON] = result.reason.split(":")[0]
     if result.model_version:
-        headers["X-Splitinfer-Model-Version"] = result.model_version
+        headers[HEADER_VERSION] = result.model_version
     if not result.local:  # what this request put on the wire (frames, not HTTP framing)
-        headers["X-Splitinfer-Up-Bytes"] = str(result.up_bytes)
-        headers["X-Splitinfer-Down-Bytes"] = str(result.down_bytes)
-    timed = H_TIMINGS in request.headers
+        headers[HEADER_UP_BYTES] = str(result.up_bytes)
+        headers[HEADER_DOWN_BYTES] = str(result.down_bytes)
+    timed = HEADER_TIMINGS in request.headers
     if timed:
-        headers[H_TIMINGS] = timing_header(result, pipeline)
+        headers[HEADER_TIMINGS] = timing_header(result, pipeline)
     if _wants_json(request, kind):
         doc: dict[str, Any] = {
             "outputs": result.outputs,

@@ -35,6 +35,7 @@ from splitinfer.edge.failover import Uplink
 from splitinfer.edge.model import EdgeModel, load_model, sample_inputs
 from splitinfer.edge.pipeline import Pipeline
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
+from splitinfer.shared.auth import HEADER_DEVICE
 from splitinfer.shared.errors import SplitInferError
 from splitinfer.shared.manifest import load_manifest
 from splitinfer.sim.agents import AgentProcess, ProcessDevice, agent_argv, agent_status, started
@@ -103,7 +104,7 @@ class EdgeDevice:
         )
         self.model = emulated(model, device)
         self.request_timeout_s = edge.request_timeout_s
-        self.headers = {"X-Splitinfer-Device": f"sim-{index}"}
+        self.headers = {HEADER_DEVICE: f"sim-{index}"}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"edge-{index}")
         self._session: Any = None
         self._probes: asyncio.Task[None] | None = None
