@@ -188,7 +188,7 @@ class CutSpace:
                     if pred[w] & ~new == 0:
                         navail |= 1 << w
                 stack.append((new, navail))
-        return sorted(seen, key=lambda m: (m.bit_count(), _bits_key(m)))
+        return sorted(seen, key=lambda m: (m.bit_count(), bits(m)))
 
     def plans(self) -> list[CutPlan]:
         """Every valid cut, planned, with ids ``c0`` (all cloud) ... ``cN`` (all edge);
@@ -539,7 +539,8 @@ class _Invalid(Exception):
     pass
 
 
-def _bits_key(mask: int) -> tuple[int, ...]:
+def bits(mask: int) -> tuple[int, ...]:
+    """The positions of the set bits of ``mask``, lowest first."""
     out = []
     while mask:
         low = mask & -mask

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from splitinfer.partitioner.cuts import SHAPE_OPS, CutPlan, CutSpace, fp32_bytes
+from splitinfer.partitioner.cuts import SHAPE_OPS, CutPlan, CutSpace, bits, fp32_bytes
 from splitinfer.partitioner.mincut import INPUT, OUTPUT, CutProblem, Tensor, count_downsets, solve
 
 #: Link speeds (bits/s) of the min-cut sweep in --list-cuts.
@@ -123,7 +123,7 @@ def problem(
         Tensor(f.producer, f.consumers, tensor_cost(f) if f.crossable else math.inf)
         for f in flows_of(space)
     )
-    preds = tuple(_bits(m) for m in space.pred)
+    preds = tuple(bits(m) for m in space.pred)
     return CutProblem(
         preds, tuple(edge_unit), tuple(cloud_unit), tensors, forced_edge, forced_cloud
     )
@@ -240,15 +240,6 @@ def latency_sweep(
 
 def rate_label(bps: float) -> str:
     return f"{bps / 1e6:.3g} Mbit/s"
-
-
-def _bits(mask: int) -> tuple[int, ...]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return tuple(out)
 
 
 def roofline_weights(space: CutSpace, edge: str, cloud: str) -> tuple[np.ndarray, np.ndarray]:
