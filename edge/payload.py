@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import threading
 import zipfile
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +37,12 @@ NPY_TYPES = ("application/x-npy", "application/npy")
 NPZ_TYPES = ("application/x-npz", "application/npz", "application/zip")
 JSON_TYPE = "application/json"
 IMAGE_PREFIX = "image/"
+#: numpy parses an .npy header with ``ast.literal_eval``; CPython 3.11 before 3.11.8 keeps the
+#: AST constructor's recursion depth in state shared by all threads, so two headers parsed at
+#: once in the executor can fail with "SystemError: AST constructor recursion depth mismatch"
+#: (python/cpython#106905; seen in CI as a 500). Headers are a few hundred bytes: parse one at a
+#: time, and only once per array.
+_HEADER_LOCK = threading.Lock()
 #: PNG, JPEG, GIF, BMP, WebP (RIFF) signatures: a picture sent without a Content-Type.
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
 _NPY_MAGIC = b"\x93NUMPY"
@@ -144,12 +151,13 @@ def _load_npy(body: bytes, max_bytes: int, where: str = "body") -> Array:
     fmt = np.lib.format
     try:
         version = fmt.read_magic(fp)
-        if version == (1, 0):
-            shape, _fortran, dtype = fmt.read_array_header_1_0(fp)
-        elif version in ((2, 0), (3, 0)):
-            shape, _fortran, dtype = fmt.read_array_header_2_0(fp)
-        else:
-            raise ValueError(f"unsupported .npy version {version}")
+        with _HEADER_LOCK:
+            if version == (1, 0):
+                shape, fortran, dtype = fmt.read_array_header_1_0(fp)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = fmt.read_array_header_2_0(fp)
+            else:
+                raise ValueError(f"unsupported .npy version {version}")
     except (ValueError, OSError, EOFError, SyntaxError) as exc:
         raise BadInput(f"{where} is not a valid .npy file ({_short(exc)})") from None
     if dtype.hasobject:
@@ -169,13 +177,9 @@ def _load_npy(body: bytes, max_bytes: int, where: str = "body") -> Array:
             f"{where}: .npy header claims shape {list(shape)} {dtype} ({need} bytes), but "
             f"{have} bytes follow it"
         )
-    try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise BadInput(f"{where} is not a valid .npy file ({_short(exc)})") from None
-    if not isinstance(array, np.ndarray):
-        raise BadInput(f"{where} is not a single .npy array")
-    return array
+    # the header is checked above: the bytes after it are the array (a copy, so it is writable)
+    flat = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=fp.tell())
+    return flat.reshape(shape, order="F" if fortran else "C").copy(order="K")
 
 
 def _load_npz(body: bytes, max_bytes: int) -> dict[str, Array]:
