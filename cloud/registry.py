@@ -43,7 +43,7 @@ from splitinfer.shared.codecs import (
     default_codecs,
 )
 from splitinfer.shared.errors import ModelError, ModelNotFoundError, SplitInferError
-from splitinfer.shared.manifest import Cut, Manifest, resolve_file
+from splitinfer.shared.manifest import Cut, Manifest, TensorSpec, resolve_file
 
 log = logging.getLogger("splitinfer.cloud")
 
@@ -370,10 +370,7 @@ def _warm(runner: CutRunner, manifest: Manifest, max_batch: int) -> None:
     for rows in sizes:
         feeds = {}
         for spec in runner.cut.tensors:
-            shape = [
-                rows if d == manifest.batch_dim else d if isinstance(d, int) else symbols.get(d, 1)
-                for d in spec.shape
-            ]
+            shape = _warm_shape(spec, rows, manifest.batch_dim, symbols, runner.cut)
             feeds[spec.name] = np.ones(shape, dtype=spec.dtype)
         try:
             runner.runtime.run(feeds)
@@ -384,6 +381,29 @@ def _warm(runner: CutRunner, manifest: Manifest, max_batch: int) -> None:
                 f"cut {runner.cut.id}: warm-up at batch {rows} failed: {_line(exc)[:300]}"
             ) from exc
         runner.latency.observe(rows, time.perf_counter() - started)
+
+
+def _warm_shape(
+    spec: TensorSpec, rows: int, batch_dim: str | None, symbols: dict[str, int], cut: Cut
+) -> list[int]:
+    """A cut tensor's warm-up shape: the batch, the inputs' analysed sizes, and a dimension
+    of the tensor's own (NAME_dimK, say H/8 of a free H) at the size the partitioner
+    analysed it at (1 would not fit a neck's Concat); 1 for a symbol nothing fixes."""
+    lead = 1 if spec.shape and spec.shape[0] == batch_dim else 0
+    known = cut.sample_shapes.get(spec.name)
+    if known is not None and len(known) != len(spec.shape) - lead:
+        known = None
+    shape = []
+    for k, d in enumerate(spec.shape):
+        if d == batch_dim:
+            shape.append(rows)
+        elif isinstance(d, int):
+            shape.append(d)
+        elif d in symbols:
+            shape.append(symbols[d])
+        else:
+            shape.append(1 if known is None else known[k - lead])
+    return shape
 
 
 def _line(exc: BaseException) -> str:

@@ -182,10 +182,11 @@ def _cut_entry(prepared: Prepared, art: CutArtifacts, root: Path, folder: Path) 
         path.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(path))
         segs[role] = _segment(path, root, precision)
+    tensors = art.tensors or tuple(tensor_spec(a, n) for n in plan.crossing)
     return Cut(
         id=plan.id,
         kind=plan.kind,
-        tensors=art.tensors or tuple(tensor_spec(a, n) for n in plan.crossing),
+        tensors=tensors,
         rematerialized=plan.remat,
         bytes_per_sample=plan.bytes_per_sample,
         edge_flops=plan.edge_flops,
@@ -196,6 +197,9 @@ def _cut_entry(prepared: Prepared, art: CutArtifacts, root: Path, folder: Path) 
         quant=dict(art.quant),
         predicted=dict(art.predicted),
         quality=dict(art.quality),
+        sample_shapes={
+            t.name: tuple(a.tensors[t.name].sample_shape) for t in tensors if t.name in a.tensors
+        },
     )
 
 

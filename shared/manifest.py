@@ -116,6 +116,18 @@ class CodecSpec:
         )
 
 
+def _sample_shapes(data: Any, where: str) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in _obj(data, where).items():
+        ok = isinstance(shape, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        )
+        if not ok:
+            raise PackageError(f"{where}.{name}: {shape!r} is not a list of sizes")
+        out[name] = tuple(shape)
+    return out
+
+
 def _check_quality(name: str, quality: Any, where: str) -> None:
     if quality is None:
         return
@@ -226,6 +238,10 @@ class Cut:
     quant: dict[str, QuantSpec] = field(default_factory=dict)
     predicted: dict[str, Any] = field(default_factory=dict)
     quality: dict[str, Any] = field(default_factory=dict)
+    #: Per cut tensor, its shape at the analysis inputs (one sample's when it is batched):
+    #: what a reader feeds a segment to warm it up when a dimension is a symbol of the
+    #: tensor's own (``NAME_dimK``: it varies with the input but is no input dimension).
+    sample_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Cut:
@@ -257,6 +273,7 @@ class Cut:
             },
             predicted=dict(_obj(obj.get("predicted", {}), f"{where}.predicted")),
             quality=dict(_obj(obj.get("quality", {}), f"{where}.quality")),
+            sample_shapes=_sample_shapes(obj.get("sample_shapes", {}), f"{where}.sample_shapes"),
         )
         if "adaptation" in cut.quality:
             Adaptation.from_dict(cut.quality["adaptation"], f"{where}.quality.adaptation")

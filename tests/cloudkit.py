@@ -173,3 +173,17 @@ def coded_frame(repo: Path, codec: int, model: str = "chain") -> bytes:
         q = q or QuantParams((float(np.abs(x).max()) / 127,), (0,))
         tensors.append(WireTensor(spec.name, x, codec, q if codec != RAW else None, ref))
     return encode_request(Request("r1", model, "", cut.id, tuple(tensors)))
+
+
+def neck() -> onnx.ModelProto:
+    """x [N, 2, H, W] -> a stride-2 conv (the edge) -> a pooled, upsampled branch concatenated
+    with its own input (the cloud): a cut tensor whose H/2 and W/2 are symbols of its own."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Resize", ["p", "", "scales"], ["u"], mode="nearest"),
+        helper.make_node("Concat", ["r", "u"], ["y"], axis=1),
+    ]
+    inits = {"w": rand(4, 2, 3, 3, seed=7), "scales": np.array([1, 1, 2, 2], np.float32)}
+    return make(nodes, [f32("x", ["N", 2, "H", "W"])], [f32("y", ["N", 8, "h", "w"])], inits)

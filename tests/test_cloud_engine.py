@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cloudkit import chain_repo, config, frame, policy, variable_length, write
+from cloudkit import chain_repo, config, frame, neck, policy, variable_length, write
 from ortutil import run
 
 from splitinfer.cloud.config import BatchingConfig, OverloadConfig, RuntimeConfig
@@ -412,3 +412,18 @@ async def test_the_loop_hands_off_only_batches_long_enough_to_repay_it(repo: Pat
         engine._executing = engine._workers + 1  # every worker busy: nobody to hand to
         assert not engine._hands_off(runner, 1)
         engine._executing = 0
+
+
+async def test_the_warm_up_feeds_a_cut_tensor_at_its_analysed_size(tmp_path: Path) -> None:
+    """A cut tensor of a free-H/W net has dimensions of its own (H/2 here, ``r_dim2``); fed
+    at 1 x 1 the cloud's pooled branch no longer fits the Concat and the version would be
+    refused at load. The manifest carries the analysed 8 x 8, and the warm-up uses it."""
+    repo = tmp_path / "repo"
+    m = write(neck(), repo, "neck", "1", cuts=("none", "c1"), shapes={"x": [1, 2, 16, 16]})
+    cut = next(c for c in m.cuts if c.id == "c1")
+    assert [t.name for t in cut.tensors] == ["r"]
+    assert all(isinstance(d, str) for d in cut.tensors[0].shape[2:])  # no input's H or W
+    assert cut.sample_shapes == {"r": (4, 8, 8)}
+    async with Engine(config(repo)) as engine:  # warm-up on: a failure refuses the version
+        runner = engine.registry.model("neck").serving["1"].runner("c1")
+        assert runner.latency.known

@@ -78,6 +78,10 @@ def test_newer_format_version_is_refused(package: Path) -> None:
         (lambda d: d["cuts"][0]["edge"].update(file="../x.onnx"), r"edge.file: '../x.onnx' must"),
         (lambda d: d["cuts"][0]["cloud"].update(file="/etc/x"), r"cloud.file: '/etc/x' must"),
         (lambda d: d["cuts"][0]["codec"].update(name="gzip"), r"codec.name: 'gzip'"),
+        (
+            lambda d: d["cuts"][0].update(sample_shapes={"t": [4, -1]}),
+            r"cuts\[0\].sample_shapes.t: \[4, -1\] is not a list of sizes",
+        ),
         (lambda d: d.update(privacy={"epsilon": 1}), r"manifest.privacy.delta"),
         (lambda d: d.update(opset="20"), r"manifest.opset: expected int"),
         (lambda d: d.update(format_version=True), "not a positive integer"),
