@@ -27,22 +27,20 @@ import argparse
 import asyncio
 import contextlib
 import io
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from splitinfer.shared.cli import run_cli
 from splitinfer.shared.contract import HEADER_CUT, HEADER_LOCAL
 from splitinfer.shared.errors import ConfigError
+from splitinfer.sim.daemon import Daemon, command
 
 #: The OCR job's uplink: the slowest LTE trace (1.9 Mbit/s mean, outages while driving).
 DEFAULT_TRACE = "ATT-LTE-driving-2016.up"
@@ -90,70 +88,31 @@ class Job:
 
 
 class Daemons:
-    """Subprocesses started by the demo, stopped (TERM, then KILL) on exit."""
+    """The daemons the demo started (:class:`splitinfer.sim.daemon.Daemon`, each logging
+    to ``log_dir/NAME.log``), stopped (TERM, then KILL) on exit, last started first."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
-        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.procs: list[Daemon] = []
 
-    def start(self, name: str, argv: list[str], banner_stream: str) -> str:
-        """Start ``argv``; return the URL from its ``listening on URL`` line."""
-        log = (self.log_dir / f"{name}.log").open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        watched = subprocess.PIPE
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=watched if banner_stream == "stdout" else log,
-            stderr=watched if banner_stream == "stderr" else log,
-            env=env,
+    def start(self, name: str, program: str, args: list[str]) -> str:
+        """Start ``program`` (``cloud-service``, ``edge-agent``) with ``args``; its URL."""
+        daemon = Daemon(
+            [*command(program), *args],
+            name=name,
+            log=self.log_dir / f"{name}.log",
+            timeout_s=START_TIMEOUT_S,
         )
-        self.procs.append((name, proc))
-        stream = proc.stdout if banner_stream == "stdout" else proc.stderr
-        assert stream is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        seen: list[str] = []
-        while time.monotonic() < deadline:
-            line = stream.readline().decode(errors="replace")
-            if not line:
-                break
-            seen.append(line.rstrip())
-            if "listening on " in line:
-                url = line.split("listening on ", 1)[1].split()[0]
-                _drain(stream, log)
-                return url
-        tail = "; ".join(seen[-3:]) or "no output"
-        raise ConfigError(f"{name} did not start (see {self.log_dir / name}.log): {tail}")
+        self.procs.append(daemon)
+        try:
+            return daemon.wait()
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (log: {self.log_dir / name}.log)") from None
 
     def stop(self) -> None:
-        for _, proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for _, proc in reversed(self.procs):
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for daemon in reversed(self.procs):
+            daemon.stop(timeout_s=10)
         self.procs.clear()
-
-
-def _drain(stream: IO[bytes], log: IO[bytes]) -> None:
-    """Keep copying a daemon's watched stream into its log, so it never blocks."""
-    import threading
-
-    def pump() -> None:
-        for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
-            log.write(chunk)
-            log.flush()
-
-    threading.Thread(target=pump, daemon=True).start()
-
-
-def _bin(name: str) -> str:
-    exe = Path(sys.executable).with_name(name)
-    return str(exe) if exe.exists() else shutil.which(name) or name
 
 
 # -- building -----------------------------------------------------------------------
@@ -237,7 +196,7 @@ async def _run_all(
         up = Direction.from_trace(trace)
         config = LinkConfig(uplink=up, downlink=Direction.rate("20mbit"), delay_ms=20.0)
         async with EmulatedLink(config, target=(host, int(port))) as link:
-            argv = [_bin("edge-agent"), "--package", str(s.package), "--listen", "127.0.0.1:0",
+            argv = ["--package", str(s.package), "--listen", "127.0.0.1:0",
                     "--credentials", str(credentials),
                     "--cloud", f"http://127.0.0.1:{link.port}"]  # fmt: skip
             if s.version is not None:
@@ -246,7 +205,7 @@ async def _run_all(
                 argv += ["--runtime-emulate-device", job.emulate]
             _say(f"{s.name}: starting an edge agent behind {config.describe()}")
             tag = "".join(ch if ch.isalnum() else "-" for ch in s.name)
-            url = await asyncio.to_thread(daemons.start, f"edge-agent-{tag}", argv, "stderr")
+            url = await asyncio.to_thread(daemons.start, f"edge-agent-{tag}", "edge-agent", argv)
             t0 = time.perf_counter()
             await _send(url, s, job, x, args.streams)
             s.up_bytes = link.uplink_stats.delivered_bytes
@@ -395,10 +354,10 @@ def _main(argv: Sequence[str] | None) -> int:
     with _daemons(args.out / "logs") as daemons:
         cloud = daemons.start(
             "cloud-service",
-            [_bin("cloud-service"), "--repository", str(args.out / "repository"),
+            "cloud-service",
+            ["--repository", str(args.out / "repository"),
              "--listen", "127.0.0.1:0", "--credentials", str(credentials),
              "--set", f'models.{job.name}.versions="all"'],
-            "stdout",
         )  # fmt: skip
         _say(f"cloud-service up at {cloud}")
         asyncio.run(_run_all(strategies, job, cloud, daemons, args, trace, credentials))
