@@ -31,7 +31,6 @@ import contextlib
 import logging
 import math
 import time
-import tomllib
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -133,8 +132,7 @@ STATE = web.AppKey("state", AgentState)
 def load_credential(path: Path, device_id: str | None, now: float) -> Credential:
     """This device's signing key: the last unexpired key listed for it in the file."""
     store = CredentialStore.from_file(path)
-    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    devices = list(data.get("devices", {}))
+    devices = store.devices
     if device_id is None:
         if len(devices) != 1:
             raise ConfigError(
@@ -143,9 +141,7 @@ def load_credential(path: Path, device_id: str | None, now: float) -> Credential
         device_id = devices[0]
     if not store.has_device(device_id):
         raise ConfigError(f"{path}: no device {device_id!r}; it has {', '.join(devices)}")
-    keys = [k.get("id") for k in data["devices"][device_id]["keys"]]
-    creds = [c for k in keys if (c := store.get(device_id, str(k))) is not None]
-    usable = [c for c in creds if not c.expired(now)]
+    usable = [c for c in store.keys_of(device_id) if not c.expired(now)]
     if not usable:
         raise ConfigError(f"{path}: every key of device {device_id!r} has expired; add a new one")
     return usable[-1]

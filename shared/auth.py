@@ -95,20 +95,23 @@ class CredentialStore:
     @classmethod
     def from_file(cls, path: Path | str) -> CredentialStore:
         """Load a credential file; any problem is a one-line :class:`ConfigError`."""
-        import tomllib
+        from splitinfer.shared.options import load_toml
 
         path = Path(path)
         _check_private(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read credential file: {exc.strerror}") from exc
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-        return cls(_parse(data, str(path)))
+        return cls(_parse(load_toml(path, "credential file"), str(path)))
 
     def get(self, device_id: str, key_id: str) -> Credential | None:
         return self._by_id.get((device_id, key_id))
+
+    @property
+    def devices(self) -> list[str]:
+        """The device ids, in the order the credentials came (a file's order)."""
+        return list(dict.fromkeys(d for d, _ in self._by_id))
+
+    def keys_of(self, device_id: str) -> list[Credential]:
+        """A device's credentials, in the order they came (a file lists the newest last)."""
+        return [c for (d, _), c in self._by_id.items() if d == device_id]
 
     def has_device(self, device_id: str) -> bool:
         return device_id in self._devices

@@ -299,14 +299,15 @@ def at_least(obj: object, name: str, minimum: float) -> None:
 # -- TOML -------------------------------------------------------------------------------
 
 
-def load_toml(path: Path | str) -> dict[str, Any]:
-    """Read a TOML config file; any problem is a one-line ConfigError naming the file."""
+def load_toml(path: Path | str, what: str = "config file") -> dict[str, Any]:
+    """Read a TOML file (a daemon's ``--config``, a credential file, a scenario); any
+    problem is a one-line ConfigError that starts with the file and names ``what`` it is."""
     try:
         return tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot read: {exc.strerror}") from exc
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror}") from exc
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"--config {path}: not valid TOML: {exc}") from exc
+        raise ConfigError(f"{path}: the {what} is not valid TOML: {exc}") from exc
 
 
 def set_key(data: dict[str, Any], assignment: str) -> None:

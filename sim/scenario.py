@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from typing import Any
 
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import parse_duration
+from splitinfer.shared.options import load_toml
 from splitinfer.sim.config import LinkConfig
 
 STRATEGY_WORDS = ("edge-only", "cloud-only", "cuts", "auto", "adaptive")
@@ -277,12 +277,9 @@ def scenario_from_dict(doc: Mapping[str, Any], base: Path) -> Scenario:
 def load_scenario(path: Path | str) -> Scenario:
     """Read and check a scenario TOML file."""
     path = Path(path)
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"scenario {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"scenario {str(path)!r} is not valid TOML: {exc}") from None
+    if not path.is_file():
+        raise ConfigError(f"scenario {str(path)!r} does not exist")
+    doc = load_toml(path, "scenario file")
     try:
         return scenario_from_dict(doc, path.resolve().parent)
     except TypeError as exc:  # a wrong key reached a constructor

@@ -403,7 +403,7 @@ def test_credential_file_error_names_file_and_field(tmp_path: Path, text: str, f
 
 
 def test_missing_credential_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read credential file"):
+    with pytest.raises(ConfigError, match="cannot read the credential file"):
         CredentialStore.from_file(tmp_path / "absent.toml")
 
 
