@@ -34,7 +34,7 @@ from splitinfer.cloud.engine import DEFAULT_PRIORITY, Engine
 from splitinfer.cloud.guard import Guard
 from splitinfer.cloud.metrics import UNKNOWN
 from splitinfer.serving.body import ClientGone
-from splitinfer.shared.auth import AuthError, CredentialStore
+from splitinfer.shared.auth import CredentialStore
 from splitinfer.shared.contract import (
     FRAME_TYPE,
     HEADER_PRIORITY,
@@ -49,6 +49,7 @@ from splitinfer.shared.contract import (
     one_line,
 )
 from splitinfer.shared.errors import (
+    AuthError,
     ModelNotFoundError,
     ProtocolError,
     SplitInferError,

@@ -25,12 +25,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
-
-if TYPE_CHECKING:
-    from splitinfer.shared.nonces import NonceStore
+from splitinfer.shared.errors import AuthError, ConfigError
+from splitinfer.shared.nonces import MemoryNonces, NonceStore
 
 log = logging.getLogger("splitinfer.auth")
 
@@ -52,18 +50,6 @@ _SIGNATURE = re.compile(r"[0-9a-f]{64}")
 _METHOD = re.compile(r"[A-Z]{1,16}")
 #: printable ASCII without spaces (a URL or a name), at most 256 characters
 _AUDIENCE = re.compile(r"[!-~]{1,256}")
-
-
-class AuthError(SplitInferError):
-    """A request is not signed by a known, valid device credential."""
-
-    http_status = 401
-
-
-class ReplayCacheFullError(AuthError, OverloadError):
-    """The replay cache is full of nonces still inside the window; retry later."""
-
-    http_status = 503
 
 
 @dataclass(frozen=True)
@@ -353,8 +339,6 @@ class Verifier:
         self.store = store
         self.window_s = float(window_s)
         self.audiences = frozenset(audience_of(a) for a in audiences)
-        from splitinfer.shared.nonces import MemoryNonces
-
         self.nonces: NonceStore = nonces if nonces is not None else MemoryNonces(max_nonces)
         # Latest `now` used to evict: a request older than this minus the window
         # is refused even if the clock steps back, as its nonce may be forgotten.

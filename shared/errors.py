@@ -50,3 +50,15 @@ class OverloadError(SplitInferError):
     """The server cannot take the request now; the client may retry later."""
 
     http_status = 503
+
+
+class AuthError(SplitInferError):
+    """A request is not signed by a known, valid device credential."""
+
+    http_status = 401
+
+
+class ReplayCacheFullError(AuthError, OverloadError):
+    """The replay cache is full of nonces still inside the window; retry later."""
+
+    http_status = 503

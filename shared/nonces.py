@@ -10,8 +10,7 @@ from __future__ import annotations
 import heapq
 from typing import Protocol
 
-from splitinfer.shared.auth import AuthError, ReplayCacheFullError
-from splitinfer.shared.errors import ConfigError, OverloadError
+from splitinfer.shared.errors import AuthError, ConfigError, OverloadError, ReplayCacheFullError
 
 
 class NonceStore(Protocol):

@@ -18,10 +18,8 @@ from splitinfer.shared.auth import (
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
     UNKNOWN_CREDENTIAL,
-    AuthError,
     Credential,
     CredentialStore,
-    ReplayCacheFullError,
     Verifier,
     client_ssl_context,
     generate_credential,
@@ -29,7 +27,7 @@ from splitinfer.shared.auth import (
     server_ssl_context,
     sign,
 )
-from splitinfer.shared.errors import ConfigError, OverloadError
+from splitinfer.shared.errors import AuthError, ConfigError, OverloadError, ReplayCacheFullError
 
 pytestmark = pytest.mark.unit
 

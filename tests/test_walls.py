@@ -53,9 +53,6 @@ LAZY_CYCLES: dict[tuple[str, str], str] = {
     ("partitioner.cuts", "partitioner.cutsearch"): (
         "CutSpace.count calls the min-cut search's counter, which builds on CutSpace"
     ),
-    ("shared.auth", "shared.nonces"): (
-        "the Verifier's default nonce store; the stores raise auth's errors"
-    ),
 }
 
 

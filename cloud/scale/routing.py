@@ -48,9 +48,14 @@ from splitinfer.cloud.handler import (
 from splitinfer.cloud.metrics import UNKNOWN
 from splitinfer.cloud.repository import HashCache, scan, select_versions
 from splitinfer.cloud.traffic import choose_version, stable_draw
-from splitinfer.shared.auth import AuthError
 from splitinfer.shared.contract import SERVER_TIMING, Reply
-from splitinfer.shared.errors import ConfigError, ModelNotFoundError, OverloadError, ProtocolError
+from splitinfer.shared.errors import (
+    AuthError,
+    ConfigError,
+    ModelNotFoundError,
+    OverloadError,
+    ProtocolError,
+)
 from splitinfer.shared.frame import peek_request
 
 
