@@ -24,8 +24,10 @@ running the graph, never from the shapes it declares.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -33,7 +35,7 @@ from onnx import helper
 
 from splitinfer.partitioner.loader import analysis_input_shapes, dims_of, graph_inputs
 from splitinfer.shared.errors import ModelError
-from splitinfer.shared.ortsession import open_session
+from splitinfer.shared.ortsession import open_session, session_options
 
 #: The batch sizes of the two analysis runs at the analysis shapes; probes run at the first.
 BATCHES = (2, 3)
@@ -161,7 +163,8 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
     """Infer types, run the graph at two batch sizes and at a second size of each
     free dimension, classify every tensor."""
     sample_shapes = analysis_input_shapes(model, overrides)
-    _infer_types(model)
+    shell = _Shell(model)
+    _infer_types(model, shell)
     graph = model.graph
     node_inputs = [
         [n for n in node.input if n] + subgraph_outer_inputs(node) for node in graph.node
@@ -195,7 +198,8 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
         and len(vis[name].type.tensor_type.shape.dim) <= 1
         and vis[name].type.tensor_type.HasField("shape")
     ]
-    prober = _ShapeProber(model, nodes, inputs_vi, small_ints)
+    prober = _ShapeProber(shell, nodes, inputs_vi, small_ints)
+    del shell
     batches: tuple[int | None, ...] = BATCHES if batch_symbol is not None else (None,)
     runs = [prober.run(b, sample_shapes) for b in batches]
     free = _free_groups(inputs_vi, sample_shapes)
@@ -281,36 +285,93 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
     return analysis
 
 
-#: Initializers larger than this (bytes) are hidden from shape inference.
+#: Initializers larger than this (bytes) are held beside the graph (see :class:`_Shell`).
 _BIG_INITIALIZER = 1 << 12
+#: The external-data location of a held initializer in a shell.
+_HELD = "splitinfer-held-beside-the-graph"
 
 
-def _infer_types(model: onnx.ModelProto) -> None:
-    """Add the inferred value infos to ``model`` in place (its types are all analysis uses).
+class _Shell:
+    """A copy of a model whose large initializers carry no data, and that data.
 
-    Shape inference copies the model it reads; the weights are parked for it as
-    external data (it reads only their dims), so a large model is not copied.
+    Serializing a model with its weights in it costs seconds on a real-size
+    model (protobuf, superlinear in the size); shape inference reads only the
+    weights' dims, and ONNX Runtime takes them beside the graph
+    (``SessionOptions.add_external_initializers``, replaced before any
+    optimization). Each held tensor becomes an external-data reference of the
+    same name, type and dims; the source model is not touched.
     """
-    parked: list[tuple[onnx.TensorProto, bytes]] = []
-    for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.DEFAULT and len(t.raw_data) > _BIG_INITIALIZER:
-            parked.append((t, t.raw_data))
-            t.ClearField("raw_data")
-            t.data_location = onnx.TensorProto.EXTERNAL
-            entry = t.external_data.add()
-            entry.key, entry.value = "location", "parked-for-shape-inference"
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        shell = onnx.ModelProto()
+        _copy_except(shell, model, "graph")
+        _copy_except(shell.graph, model.graph, "initializer")
+        self.names: list[str] = []
+        self.arrays: list[np.ndarray] = []
+        for t in model.graph.initializer:
+            data = _raw_size(t)
+            if data <= _BIG_INITIALIZER:
+                shell.graph.initializer.add().CopyFrom(t)
+                continue
+            raw = t.raw_data
+            held = shell.graph.initializer.add()
+            held.name, held.data_type = t.name, t.data_type
+            held.dims.extend(t.dims)
+            held.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", _HELD), ("offset", "0"), ("length", str(len(raw)))):
+                entry = held.external_data.add()
+                entry.key, entry.value = key, value
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+            self.names.append(t.name)
+            arr = np.frombuffer(raw, dtype=dtype, count=math.prod(t.dims))
+            self.arrays.append(arr.reshape(tuple(t.dims)))
+        self.model = shell
+
+    def options(self, **choices: Any) -> Any:
+        """SessionOptions (``choices`` as for ``session_options``) that supply the held data."""
+        import onnxruntime as ort
+
+        opts = session_options(**choices)
+        if self.names:
+            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays]
+            opts.add_external_initializers(self.names, values)
+        return opts
+
+
+def _raw_size(t: onnx.TensorProto) -> int:
+    """Bytes of ``raw_data`` from the dims (reading the field copies it); 0 if none."""
+    if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data"):
+        return 0
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return 0
+    return math.prod(t.dims) * itemsize
+
+
+def _copy_except(dst: Any, src: Any, skip: str) -> None:
+    """Copy the set fields of message ``src`` into ``dst``, all but ``skip``."""
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def _infer_types(model: onnx.ModelProto, shell: _Shell) -> None:
+    """Add the inferred value infos to ``model`` and its shell (their types are all
+    analysis uses). Inference reads the shell: the weights' dims, not their data."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(shell.model, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError) as exc:
         raise ModelError(f"shape inference failed: {str(exc).splitlines()[0]}") from exc
-    finally:
-        for t, data in parked:
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
-            t.raw_data = data
-        del parked
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(inferred.graph.value_info)
+    for m in (model, shell.model):
+        del m.graph.value_info[:]
+        m.graph.value_info.extend(inferred.graph.value_info)
 
 
 def _free_groups(
@@ -399,7 +460,7 @@ class _ShapeProber:
 
     def __init__(
         self,
-        model: onnx.ModelProto,
+        shell: _Shell,
         nodes: list[onnx.NodeProto],
         inputs: list[onnx.ValueInfoProto],
         by_value: list[str],
@@ -409,8 +470,7 @@ class _ShapeProber:
         self.inputs = inputs
         self.by_value = by_value
         self.values: list[dict[str, tuple[int, ...]]] = []
-        graph = model.graph
-        n_nodes, n_outputs = len(graph.node), len(graph.output)
+        graph = shell.model.graph  # a copy of the model's graph: changed in place
         self.names: list[str] = []
         self.shape_names: list[str] = []
         for node in nodes:
@@ -422,33 +482,24 @@ class _ShapeProber:
             self.shape_names.append(out)
             graph.node.append(helper.make_node("Shape", [name], [out]))
         # the probe's outputs are the shapes only, so the runtime frees every activation
-        saved = [onnx.ValueInfoProto() for _ in graph.output]
-        for dst, src in zip(saved, graph.output, strict=True):
-            dst.CopyFrom(src)
         del graph.output[:]
         for out in self.shape_names:
             graph.output.append(helper.make_tensor_value_info(out, onnx.TensorProto.INT64, None))
         types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.value_info}
         for name in by_value:
             graph.output.append(helper.make_tensor_value_info(name, types[name], None))
-        try:
-            data = model.SerializeToString()
-        finally:
-            del graph.node[n_nodes:]
-            del graph.output[:]
-            graph.output.extend(saved)
-            assert len(graph.output) == n_outputs
+        data = shell.model.SerializeToString()
         # no arena, no prepacked weights, and each Shape run as soon as its input is
         # made (the default order leaves them to the end, every activation alive)
-        self.sess = open_session(
-            data,
+        opts = shell.options(
             optimize="none",
             log_severity=4,
             arena=False,
             priority_order=True,
             config={"session.disable_prepacking": "1"},
         )
-        del data
+        self.sess = open_session(data, options=opts)
+        del data, opts
         self.run_opts = ort.RunOptions()
         self.run_opts.log_severity_level = 4
 
