@@ -24,18 +24,21 @@ running the graph, never from the shapes it declares.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from splitinfer.partitioner.loader import analysis_input_shapes, dims_of, graph_inputs
+from splitinfer.partitioner.loader import (
+    WeightShell,
+    analysis_input_shapes,
+    dims_of,
+    graph_inputs,
+)
 from splitinfer.shared.errors import ModelError
-from splitinfer.shared.ortsession import open_session, session_options
+from splitinfer.shared.ortsession import open_session
 
 #: The batch sizes of the two analysis runs at the analysis shapes; probes run at the first.
 BATCHES = (2, 3)
@@ -163,7 +166,7 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
     """Infer types, run the graph at two batch sizes and at a second size of each
     free dimension, classify every tensor."""
     sample_shapes = analysis_input_shapes(model, overrides)
-    shell = _Shell(model)
+    shell = WeightShell(model)
     _infer_types(model, shell)
     graph = model.graph
     node_inputs = [
@@ -285,84 +288,7 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
     return analysis
 
 
-#: Initializers larger than this (bytes) are held beside the graph (see :class:`_Shell`).
-_BIG_INITIALIZER = 1 << 12
-#: The external-data location of a held initializer in a shell.
-_HELD = "splitinfer-held-beside-the-graph"
-
-
-class _Shell:
-    """A copy of a model whose large initializers carry no data, and that data.
-
-    Serializing a model with its weights in it costs seconds on a real-size
-    model (protobuf, superlinear in the size); shape inference reads only the
-    weights' dims, and ONNX Runtime takes them beside the graph
-    (``SessionOptions.add_external_initializers``, replaced before any
-    optimization). Each held tensor becomes an external-data reference of the
-    same name, type and dims; the source model is not touched.
-    """
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        shell = onnx.ModelProto()
-        _copy_except(shell, model, "graph")
-        _copy_except(shell.graph, model.graph, "initializer")
-        self.names: list[str] = []
-        self.arrays: list[np.ndarray] = []
-        for t in model.graph.initializer:
-            data = _raw_size(t)
-            if data <= _BIG_INITIALIZER:
-                shell.graph.initializer.add().CopyFrom(t)
-                continue
-            raw = t.raw_data
-            held = shell.graph.initializer.add()
-            held.name, held.data_type = t.name, t.data_type
-            held.dims.extend(t.dims)
-            held.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", _HELD), ("offset", "0"), ("length", str(len(raw)))):
-                entry = held.external_data.add()
-                entry.key, entry.value = key, value
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
-            self.names.append(t.name)
-            arr = np.frombuffer(raw, dtype=dtype, count=math.prod(t.dims))
-            self.arrays.append(arr.reshape(tuple(t.dims)))
-        self.model = shell
-
-    def options(self, **choices: Any) -> Any:
-        """SessionOptions (``choices`` as for ``session_options``) that supply the held data."""
-        import onnxruntime as ort
-
-        opts = session_options(**choices)
-        if self.names:
-            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays]
-            opts.add_external_initializers(self.names, values)
-        return opts
-
-
-def _raw_size(t: onnx.TensorProto) -> int:
-    """Bytes of ``raw_data`` from the dims (reading the field copies it); 0 if none."""
-    if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data"):
-        return 0
-    try:
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    except (KeyError, TypeError, ValueError):
-        return 0
-    return math.prod(t.dims) * itemsize
-
-
-def _copy_except(dst: Any, src: Any, skip: str) -> None:
-    """Copy the set fields of message ``src`` into ``dst``, all but ``skip``."""
-    for fd, value in src.ListFields():
-        if fd.name == skip:
-            continue
-        if fd.is_repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
-
-
-def _infer_types(model: onnx.ModelProto, shell: _Shell) -> None:
+def _infer_types(model: onnx.ModelProto, shell: WeightShell) -> None:
     """Add the inferred value infos to ``model`` and its shell (their types are all
     analysis uses). Inference reads the shell: the weights' dims, not their data."""
     try:
@@ -460,7 +386,7 @@ class _ShapeProber:
 
     def __init__(
         self,
-        shell: _Shell,
+        shell: WeightShell,
         nodes: list[onnx.NodeProto],
         inputs: list[onnx.ValueInfoProto],
         by_value: list[str],
