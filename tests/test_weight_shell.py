@@ -21,7 +21,8 @@ pytestmark = pytest.mark.unit
 
 def _model(rows: int = 64) -> onnx.ModelProto:
     rng = np.random.default_rng(0)
-    inits = {"w": rng.standard_normal((rows, rows)).astype(np.float32), "b": np.ones(rows, np.float32)}
+    w = rng.standard_normal((rows, rows)).astype(np.float32)
+    inits = {"w": w, "b": np.ones(rows, np.float32)}
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["m"]),
         helper.make_node("Add", ["m", "b"], ["a"]),
@@ -39,7 +40,8 @@ def test_the_shell_holds_the_large_weights_only() -> None:
     assert held["w"].data_location == onnx.TensorProto.EXTERNAL
     assert not held["w"].HasField("raw_data")
     assert held["b"].HasField("raw_data")
-    np.testing.assert_array_equal(shell.arrays[0], numpy_helper.to_array(model.graph.initializer[0]))
+    source = numpy_helper.to_array(model.graph.initializer[0])
+    np.testing.assert_array_equal(shell.arrays[0], source)
     assert model.graph.initializer[0].data_location == onnx.TensorProto.DEFAULT  # untouched
     assert 64 * 64 * 4 > BIG_INITIALIZER >= 64 * 4
 
@@ -55,7 +57,8 @@ def test_ort_basic_with_held_weights_gives_the_weights_back() -> None:
 def test_analysis_runs_with_held_weights_and_leaves_the_model_whole() -> None:
     model = _model()
     a = analyse(model, {})
-    assert a.tensors["y"].batched and a.tensors["y"].sample_shape == (64,)
+    assert a.tensors["y"].batched
+    assert a.tensors["y"].sample_shape == (64,)
     assert model.graph.initializer[0].HasField("raw_data")
     assert {vi.name for vi in model.graph.value_info} >= {"m", "a"}
 
@@ -66,7 +69,8 @@ def test_the_checker_refuses_a_held_weight_whose_data_is_short(tmp_path: Path) -
     w.raw_data = w.raw_data[:-4]
     path = tmp_path / "short.onnx"
     onnx.save(model, str(path))
-    with pytest.raises(ModelError, match=r"fails the ONNX checker: .*raw_data size \(16380 bytes\)"):
+    short = r"fails the ONNX checker: .*raw_data size \(16380 bytes\)"
+    with pytest.raises(ModelError, match=short):
         load_model(path)
     # the same words as the checker's own on the model with its data in place
     with pytest.raises(onnx.checker.ValidationError, match=r"raw_data size \(16380 bytes\)"):
