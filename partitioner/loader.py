@@ -287,7 +287,7 @@ def _raw_size(t: onnx.TensorProto) -> int:
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
     except (KeyError, TypeError, ValueError):
         return 0
-    return math.prod(t.dims) * itemsize
+    return int(math.prod(t.dims)) * int(itemsize)
 
 
 def _copy_except(dst: Any, src: Any, skip: str) -> None:
