@@ -31,7 +31,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from splitinfer.partitioner.loader import analysis_input_shapes, dims_of, graph_inputs
+from splitinfer.partitioner.loader import (
+    WeightShell,
+    analysis_input_shapes,
+    dims_of,
+    graph_inputs,
+)
 from splitinfer.shared.errors import ModelError
 from splitinfer.shared.ortsession import open_session
 
@@ -161,7 +166,8 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
     """Infer types, run the graph at two batch sizes and at a second size of each
     free dimension, classify every tensor."""
     sample_shapes = analysis_input_shapes(model, overrides)
-    _infer_types(model)
+    shell = WeightShell(model)
+    _infer_types(model, shell)
     graph = model.graph
     node_inputs = [
         [n for n in node.input if n] + subgraph_outer_inputs(node) for node in graph.node
@@ -195,7 +201,8 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
         and len(vis[name].type.tensor_type.shape.dim) <= 1
         and vis[name].type.tensor_type.HasField("shape")
     ]
-    prober = _ShapeProber(model, nodes, inputs_vi, small_ints)
+    prober = _ShapeProber(shell, nodes, inputs_vi, small_ints)
+    del shell
     batches: tuple[int | None, ...] = BATCHES if batch_symbol is not None else (None,)
     runs = [prober.run(b, sample_shapes) for b in batches]
     free = _free_groups(inputs_vi, sample_shapes)
@@ -281,36 +288,16 @@ def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAna
     return analysis
 
 
-#: Initializers larger than this (bytes) are hidden from shape inference.
-_BIG_INITIALIZER = 1 << 12
-
-
-def _infer_types(model: onnx.ModelProto) -> None:
-    """Add the inferred value infos to ``model`` in place (its types are all analysis uses).
-
-    Shape inference copies the model it reads; the weights are parked for it as
-    external data (it reads only their dims), so a large model is not copied.
-    """
-    parked: list[tuple[onnx.TensorProto, bytes]] = []
-    for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.DEFAULT and len(t.raw_data) > _BIG_INITIALIZER:
-            parked.append((t, t.raw_data))
-            t.ClearField("raw_data")
-            t.data_location = onnx.TensorProto.EXTERNAL
-            entry = t.external_data.add()
-            entry.key, entry.value = "location", "parked-for-shape-inference"
+def _infer_types(model: onnx.ModelProto, shell: WeightShell) -> None:
+    """Add the inferred value infos to ``model`` and its shell (their types are all
+    analysis uses). Inference reads the shell: the weights' dims, not their data."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(shell.model, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError) as exc:
         raise ModelError(f"shape inference failed: {str(exc).splitlines()[0]}") from exc
-    finally:
-        for t, data in parked:
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
-            t.raw_data = data
-        del parked
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(inferred.graph.value_info)
+    for m in (model, shell.model):
+        del m.graph.value_info[:]
+        m.graph.value_info.extend(inferred.graph.value_info)
 
 
 def _free_groups(
@@ -399,7 +386,7 @@ class _ShapeProber:
 
     def __init__(
         self,
-        model: onnx.ModelProto,
+        shell: WeightShell,
         nodes: list[onnx.NodeProto],
         inputs: list[onnx.ValueInfoProto],
         by_value: list[str],
@@ -409,8 +396,7 @@ class _ShapeProber:
         self.inputs = inputs
         self.by_value = by_value
         self.values: list[dict[str, tuple[int, ...]]] = []
-        graph = model.graph
-        n_nodes, n_outputs = len(graph.node), len(graph.output)
+        graph = shell.model.graph  # a copy of the model's graph: changed in place
         self.names: list[str] = []
         self.shape_names: list[str] = []
         for node in nodes:
@@ -422,33 +408,24 @@ class _ShapeProber:
             self.shape_names.append(out)
             graph.node.append(helper.make_node("Shape", [name], [out]))
         # the probe's outputs are the shapes only, so the runtime frees every activation
-        saved = [onnx.ValueInfoProto() for _ in graph.output]
-        for dst, src in zip(saved, graph.output, strict=True):
-            dst.CopyFrom(src)
         del graph.output[:]
         for out in self.shape_names:
             graph.output.append(helper.make_tensor_value_info(out, onnx.TensorProto.INT64, None))
         types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.value_info}
         for name in by_value:
             graph.output.append(helper.make_tensor_value_info(name, types[name], None))
-        try:
-            data = model.SerializeToString()
-        finally:
-            del graph.node[n_nodes:]
-            del graph.output[:]
-            graph.output.extend(saved)
-            assert len(graph.output) == n_outputs
+        data = shell.model.SerializeToString()
         # no arena, no prepacked weights, and each Shape run as soon as its input is
         # made (the default order leaves them to the end, every activation alive)
-        self.sess = open_session(
-            data,
+        opts = shell.options(
             optimize="none",
             log_severity=4,
             arena=False,
             priority_order=True,
             config={"session.disable_prepacking": "1"},
         )
-        del data
+        self.sess = open_session(data, options=opts)
+        del data, opts
         self.run_opts = ort.RunOptions()
         self.run_opts.log_severity_level = 4
 

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
 from splitinfer.shared.errors import ConfigError, ModelError
+from splitinfer.shared.ortsession import session_options
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,48 @@ def load_model(path: Path) -> LoadedModel:
     ):
         _load_external(model, path)
     try:
-        onnx.checker.check_model(model)
+        _check(model)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelError(f"{path}: fails the ONNX checker: {_first_line(exc)}") from exc
     return LoadedModel(model=model, path=path, sha256=sha256_file(path))
+
+
+def _check(model: onnx.ModelProto) -> None:
+    """The ONNX checker on ``model``, without serializing its large weights (seconds on a
+    real-size model): it reads a copy whose large initializers are external-data
+    references to an empty file, and the size check it makes of their data is made
+    here, with its words."""
+    shell = onnx.ModelProto()
+    _copy_except(shell, model, "graph")
+    _copy_except(shell.graph, model.graph, "initializer")
+    for t in model.graph.initializer:
+        need = _raw_size(t)
+        if need <= BIG_INITIALIZER or _has_typed_fields(t):  # the latter: the checker's to refuse
+            shell.graph.initializer.add().CopyFrom(t)
+            continue
+        have = len(t.raw_data)
+        if have < need:
+            raise onnx.checker.ValidationError(
+                f"TensorProto (tensor name: {t.name}) raw_data size ({have} bytes) is too small "
+                f"for the declared shape and type ({need} bytes required)."
+            )
+        held = shell.graph.initializer.add()
+        held.name, held.data_type, held.doc_string = t.name, t.data_type, t.doc_string
+        held.dims.extend(t.dims)
+        held.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", HELD), ("offset", "0"), ("length", str(have))):
+            entry = held.external_data.add()
+            entry.key, entry.value = key, value
+    with tempfile.TemporaryDirectory(prefix="splitinfer-check-") as tmp:
+        (Path(tmp) / HELD).touch()
+        target = Path(tmp) / "model.onnx"
+        target.write_bytes(shell.SerializeToString())
+        onnx.checker.check_model(str(target))
+
+
+def _has_typed_fields(t: onnx.TensorProto) -> bool:
+    fields = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+    return any(len(getattr(t, f)) for f in fields)
 
 
 def _load_external(model: onnx.ModelProto, path: Path) -> None:
@@ -178,3 +221,83 @@ def analysis_input_shapes(
 
 def _fmt_dims(dims: list[int | str | None]) -> str:
     return "x".join("?" if d is None else str(d) for d in dims)
+
+
+#: Initializers larger than this (bytes) are held beside the graph (see :class:`_Shell`).
+BIG_INITIALIZER = 1 << 12
+#: The external-data location of a held initializer in a shell.
+HELD = "splitinfer-held-beside-the-graph"
+
+
+class WeightShell:
+    """A copy of a model whose large initializers carry no data, and that data.
+
+    Serializing a model with its weights in it costs seconds on a real-size
+    model (protobuf, superlinear in the size); shape inference reads only the
+    weights' dims, and ONNX Runtime takes them beside the graph
+    (``SessionOptions.add_external_initializers``, replaced before any
+    optimization). Each held tensor becomes an external-data reference of the
+    same name, type and dims; the source model is not touched.
+    """
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        shell = onnx.ModelProto()
+        _copy_except(shell, model, "graph")
+        _copy_except(shell.graph, model.graph, "initializer")
+        self.names: list[str] = []
+        self.arrays: list[np.ndarray] = []
+        for t in model.graph.initializer:
+            data = _raw_size(t)
+            if data <= BIG_INITIALIZER:
+                shell.graph.initializer.add().CopyFrom(t)
+                continue
+            raw = t.raw_data
+            held = shell.graph.initializer.add()
+            held.name, held.data_type = t.name, t.data_type
+            held.dims.extend(t.dims)
+            held.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", HELD), ("offset", "0"), ("length", str(len(raw)))):
+                entry = held.external_data.add()
+                entry.key, entry.value = key, value
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+            self.names.append(t.name)
+            arr = np.frombuffer(raw, dtype=dtype, count=math.prod(t.dims))
+            self.arrays.append(arr.reshape(tuple(t.dims)))
+        self.model = shell
+
+    def options(self, **choices: Any) -> Any:
+        """SessionOptions (``choices`` as for ``session_options``) that supply the held data.
+
+        The values point into this shell's arrays: keep the shell until the session is made
+        (ONNX Runtime copies them then)."""
+        import onnxruntime as ort
+
+        opts = session_options(**choices)
+        if self.names:
+            self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays]
+            opts.add_external_initializers(self.names, self._values)
+        return opts
+
+
+def _raw_size(t: onnx.TensorProto) -> int:
+    """Bytes of ``raw_data`` from the dims (reading the field copies it); 0 if none."""
+    if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data"):
+        return 0
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return 0
+    return int(math.prod(t.dims)) * int(itemsize)
+
+
+def _copy_except(dst: Any, src: Any, skip: str) -> None:
+    """Copy the set fields of message ``src`` into ``dst``, all but ``skip``."""
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)

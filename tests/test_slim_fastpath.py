@@ -38,6 +38,8 @@ def test_fast_path_matches_the_full_pass_and_keeps_different_weights_apart(
     light, held = slim._strip(model)
     assert set(held) == {"wq", "wk", "wv"}
     assert all(not t.HasField("raw_data") for t in light.graph.initializer)
+    label = {t.name: t.doc_string for t in light.graph.initializer}
+    assert label["wk"] == label["wv"] != label["wq"]  # equal data, equal label; only then
     calls: list[int] = []
     real = slim._slim
     monkeypatch.setattr(slim, "_slim", lambda m: calls.append(len(m.graph.initializer)) or real(m))
