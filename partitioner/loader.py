@@ -69,8 +69,8 @@ def _check(model: onnx.ModelProto) -> None:
     references to an empty file, and the size check it makes of their data is made
     here, with its words."""
     shell = onnx.ModelProto()
-    _copy_except(shell, model, "graph")
-    _copy_except(shell.graph, model.graph, "initializer")
+    copy_except(shell, model, "graph")
+    copy_except(shell.graph, model.graph, "initializer")
     for t in model.graph.initializer:
         need = _raw_size(t)
         if need <= BIG_INITIALIZER or _has_typed_fields(t):  # the latter: the checker's to refuse
@@ -242,8 +242,8 @@ class WeightShell:
 
     def __init__(self, model: onnx.ModelProto) -> None:
         shell = onnx.ModelProto()
-        _copy_except(shell, model, "graph")
-        _copy_except(shell.graph, model.graph, "initializer")
+        copy_except(shell, model, "graph")
+        copy_except(shell.graph, model.graph, "initializer")
         self.names: list[str] = []
         self.arrays: list[np.ndarray] = []
         for t in model.graph.initializer:
@@ -290,7 +290,7 @@ def _raw_size(t: onnx.TensorProto) -> int:
     return int(math.prod(t.dims)) * int(itemsize)
 
 
-def _copy_except(dst: Any, src: Any, skip: str) -> None:
+def copy_except(dst: Any, src: Any, skip: str) -> None:
     """Copy the set fields of message ``src`` into ``dst``, all but ``skip``."""
     for fd, value in src.ListFields():
         if fd.name == skip:

@@ -17,10 +17,10 @@ data in place.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import onnx
 
+from splitinfer.partitioner.loader import copy_except
 from splitinfer.shared.errors import ModelError
 
 #: Initializers at least this big (bytes of data) do not go through onnxslim.
@@ -71,8 +71,8 @@ def _strip(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.Tens
     if not held:
         return model, {}
     light = onnx.ModelProto()
-    _copy_except(light, model, "graph")
-    _copy_except(light.graph, graph, "initializer")
+    copy_except(light, model, "graph")
+    copy_except(light.graph, graph, "initializer")
     kept = graph.initializer
     # onnxslim ties constants whose fields other than the name are equal: the label
     # keeps equal weights equal and different weights different. Labels by exact
@@ -96,19 +96,6 @@ def _strip(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.Tens
         else:
             light.graph.initializer.add().CopyFrom(t)
     return light, held
-
-
-def _copy_except(dst: Any, src: Any, skip: str) -> None:
-    """Copy the set fields of message ``src`` into ``dst``, all but ``skip``."""
-    for fd, value in src.ListFields():
-        if fd.name == skip:
-            continue
-        if fd.is_repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
 
 
 def _restore(out: onnx.ModelProto, held: dict[str, onnx.TensorProto]) -> onnx.ModelProto | None:
