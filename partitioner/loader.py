@@ -223,7 +223,7 @@ def _fmt_dims(dims: list[int | str | None]) -> str:
     return "x".join("?" if d is None else str(d) for d in dims)
 
 
-#: Initializers larger than this (bytes) are held beside the graph (see :class:`_Shell`).
+#: Initializers larger than this (bytes) are held beside the graph (see :class:`WeightShell`).
 BIG_INITIALIZER = 1 << 12
 #: The external-data location of a held initializer in a shell.
 HELD = "splitinfer-held-beside-the-graph"
