@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -192,11 +193,21 @@ def auto_split(
     del floats
 
     ranges = None
+    whole = None
     if opts.precision == "int8":
         progress(f"calibrating INT8 activation ranges on the whole model ({len(calib)} samples)")
         ranges = _edge_ranges(prepared, opts, calib)
+        progress("quantizing the whole model to INT8 (it screens the shortlisted cuts)")
+        # the all-edge cut's segment: it is that cut's INT8 edge too, if it is picked
+        everything = space.plan_for(space.full)
+        whole = _convert(
+            a.model if everything is None else artifacts_for(prepared, everything).edge or a.model,
+            opts,
+            calib,
+            ranges,
+        )
     edge_times, cloud_times, by_batch, overhead = _node_times(
-        prepared, opts, calib, notes, progress, ranges
+        prepared, opts, calib, notes, progress, ranges, whole
     )
     wire = (
         WireModel(ratios, est.encode_bps, est.decode_bps, est.encode_call_s, est.decode_call_s)
@@ -244,43 +255,57 @@ def auto_split(
     reference = _run(prepared.optimized, _stack(held), optimize=True)
     calib_stack = _stack(calib)
     shortlisted = [by_id[c.cut_id] for c in short]
-    source = _source_activations(prepared, opts, shortlisted, held, calib_stack, ACTIVATION_BYTES)
+    source = None
+    if opts.adapt is None:  # adapting fine-tunes every measured cut: build them all
+        source = _source_activations(prepared, opts, shortlisted, held, calib_stack,
+                                     ACTIVATION_BYTES, whole)  # fmt: skip
+    # an edge not at fp32 measured on the whole model's values: screened, not yet built
+    screen = source is not None and opts.precision != "fp32"
     measured: dict[str, _Measured] = {}
     for k, cost in enumerate(short, 1):
         plan = by_id[cost.cut_id]
         progress(
-            f"building cut {k}/{len(short)}: {plan.id} ({plan.kind}), "
-            f"{opts.precision} edge, codec, checks"
+            f"{'screening' if screen else 'building'} cut {k}/{len(short)}: {plan.id} "
+            f"({plan.kind}), {opts.precision} edge, codec, checks"
         )
-        measured[plan.id] = _build(
-            prepared, plan, cost, opts, calib, calib_stack, held, reference, ranges, source
-        )
+        measured[plan.id] = _build(prepared, plan, cost, opts, calib, calib_stack, held,
+                                   reference, ranges, source, screen=screen)  # fmt: skip
+        if screen and plan.kind != "none":  # rebuilt if picked: hold no fp32 copies
+            measured[plan.id].art.edge = measured[plan.id].art.cloud = None
+        gc.collect()  # the cut's sessions (held in closures) before the next cut's
+    source = None
+    built = {c for c in measured if not screen or by_id[c].kind == "none"}
     if opts.adapt is not None:
         from splitinfer.partitioner.adapt_auto import adapt_measured
 
         adapt_measured(prepared, measured, opts, calib_stack, _stack(held), reference, progress)
 
-    final = [m.cost for m in measured.values()]
-    ranked = rank(final, opts.link, opts.objective, opts.constraints)
-    chosen = ranked[0].cost
+    shortlist_costs = {c.cut_id: c for c in short}
+    while True:  # build the cuts picked on screened figures, until the picks are all built
+        final = [m.cost for m in measured.values()]
+        ranked = rank(final, opts.link, opts.objective, opts.constraints)
+        chosen = ranked[0].cost
+        picked = _pick(ranked, opts)
+        todo = [c.cut_id for c in picked if c.cut_id not in built]
+        if not todo:
+            break
+        for cut_id in todo:
+            plan = by_id[cut_id]
+            progress(f"building cut {plan.id} ({plan.kind}): {opts.precision} edge segment, "
+                     "codec, checks")  # fmt: skip
+            measured[cut_id] = _build(prepared, plan, shortlist_costs[cut_id], opts, calib,
+                                      calib_stack, held, reference, ranges,
+                                      whole=whole)  # fmt: skip
+            built.add(cut_id)
+    if screen:
+        notes.append(
+            f"{len(measured)} shortlisted cuts screened on the whole {opts.precision} model's "
+            f"values; {len(built)} built as segments and measured: "
+            + ", ".join(c for c in measured if c in built)
+        )
     best = measured[chosen.cut_id]
     if opts.min_agreement is not None and best.agreement is not None:
         _check_min(prepared, best, opts, calib, held, ranges)
-    picked = [chosen]
-    if opts.candidates > 1:
-        spread = best_across_links(
-            [r.cost for r in ranked],
-            SWITCH_RATES,
-            opts.link.rtt_s,
-            opts.candidates,
-            opts.link.downlink_bps,
-        )
-        picked += [c for c in spread if c.cut_id != chosen.cut_id]
-        # A cut that wins at every link speed leaves room: fill it with the next best by
-        # the objective, so the agent can still move work when the device or cloud is busy.
-        seen = {c.cut_id for c in picked}
-        picked += [r.cost for r in ranked if r.cost.cut_id not in seen]
-        picked = picked[: opts.candidates]
     table = candidate_table(final, opts.link, chosen=chosen.cut_id)
     arts = []
     for cost in picked:
@@ -309,13 +334,36 @@ def auto_split(
             "precision": opts.precision,
             "calibration": str(opts.calibration) if opts.calibration else "synthetic",
             "cuts_costed": len(plans),
-            "cuts_built": len(measured),
+            "cuts_screened": len(measured) if screen else 0,
+            "cuts_built": len(built),
             "cut_search": search,
             "table": table,
             "notes": notes,
         },
     )
     return AutoResult(arts, extras, chosen, table, notes, search_line)
+
+
+def _pick(ranked: list[Any], opts: AutoOptions) -> list[CutCost]:
+    """The cuts the package carries: the chosen first, then (``--candidates K``) the
+    best across link speeds and the next best by the objective."""
+    chosen = ranked[0].cost
+    picked = [chosen]
+    if opts.candidates > 1:
+        spread = best_across_links(
+            [r.cost for r in ranked],
+            SWITCH_RATES,
+            opts.link.rtt_s,
+            opts.candidates,
+            opts.link.downlink_bps,
+        )
+        picked += [c for c in spread if c.cut_id != chosen.cut_id]
+        # A cut that wins at every link speed leaves room: fill it with the next best by
+        # the objective, so the agent can still move work when the device or cloud is busy.
+        seen = {c.cut_id for c in picked}
+        picked += [r.cost for r in ranked if r.cost.cut_id not in seen]
+        picked = picked[: opts.candidates]
+    return picked
 
 
 def _mincut_plans(
@@ -393,22 +441,32 @@ def _build(
     reference: Feed,
     ranges: ModelRanges | None = None,
     source: tuple[Feed, Feed] | None = None,
+    *,
+    screen: bool = False,
+    whole: onnx.ModelProto | None = None,
 ) -> _Measured:
+    """Build ``plan`` and measure it. ``source``: the values of the tensors it sends
+    (:func:`automeasure.source_activations`) instead of runs of its edge segment;
+    ``screen``: those values are only a screening (the INT8 whole model's), so the
+    edge segment is left unconverted and the cut is built again if it is picked.
+    ``whole``: the all-edge cut's edge segment at the edge precision, if made already."""
     from splitinfer.partitioner.wirecodec import plan_wire
 
     art = artifacts_for(prepared, plan)
     held_stack = _stack(held)
     exact = opts.precision == "fp32" or _runtime(opts) == "tensorrt"
-    if art.edge is not None and opts.precision != "fp32":
-        art.edge = _convert(art.edge, opts, calib, ranges)
+    if art.edge is not None and opts.precision != "fp32" and not screen:
+        reuse = whole is not None and plan.kind == "all"
+        art.edge = whole if reuse else _convert(art.edge, opts, calib, ranges)
         art.edge_precision = opts.precision
     crossing = list(plan.crossing)
-    if art.edge is not None and source is not None and opts.precision == "fp32":
+    edge_calib: Feed | None
+    if art.edge is not None and source is not None:
         edge_held = {t: source[0][t] for t in crossing}
         edge_calib = {t: source[1][t] for t in crossing}
     elif art.edge is not None:
         edge_held = _run(art.edge, held_stack, optimize=not exact)
-        edge_calib = _run(art.edge, calib_stack, optimize=not exact)
+        edge_calib = None  # run below, if a cloud segment needs it
     else:
         edge_held, edge_calib = dict(held_stack), dict(calib_stack)
     out_name = prepared.analysis.outputs[0]
@@ -424,6 +482,8 @@ def _build(
         drop = 1.0 - value if metric == "top1" else None
         return _Measured(art, replace(cost, accuracy_drop=drop), value, metric)
 
+    if edge_calib is None:
+        edge_calib = _run(_need(art.edge), calib_stack, optimize=not exact)
     specs: list[TensorSpec] = [tensor_spec(prepared.analysis, t) for t in crossing]
     if opts.privacy is not None:
         check_private_cut(specs)

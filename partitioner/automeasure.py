@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 Feed = dict[str, np.ndarray]
 Progress = Callable[[str], None]
 
+#: Rows per run of the whole model when it screens the shortlisted cuts.
+SLICE = 16
 #: The codec's speed is timed on at most this many tensors and bytes of activations.
 TIMING_TENSORS = 16
 TIMING_BYTES = 32 * 2**20
@@ -66,10 +68,21 @@ def session(model: onnx.ModelProto, optimize: bool) -> Any:
 
 
 def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], optimize: bool) -> Feed:
+    (out,) = run_many(model, [feeds], optimize)
+    return out
+
+
+def run_many(
+    model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], optimize: bool
+) -> list[Feed]:
+    """One session of ``model``, run on each of ``feeds`` in turn."""
     sess = session(model, optimize)
     names = [o.name for o in sess.get_outputs()]
-    wanted = {i.name: feeds[i.name] for i in sess.get_inputs()}
-    return dict(zip(names, sess.run(names, wanted), strict=True))
+    results = []
+    for feed in feeds:
+        wanted = {i.name: feed[i.name] for i in sess.get_inputs()}
+        results.append(dict(zip(names, sess.run(names, wanted), strict=True)))
+    return results
 
 
 def activations(prepared: Prepared, feeds: Feed, names: Sequence[str]) -> Feed:
@@ -96,13 +109,20 @@ def source_activations(
     held: list[Feed],
     calib: Feed,
     limit: int,
+    whole: onnx.ModelProto | None = None,
 ) -> tuple[Feed, Feed] | None:
     """``(held, calibration)`` values of every tensor the shortlisted cuts send, from
-    one unoptimized run of the source model each, for an fp32 edge: its segments
-    compute exactly those tensors (the same kernels, unoptimized, on the same
-    inputs), so one run stands for a run of every segment. None for another edge
-    precision, or when the values would take more than ``limit`` bytes."""
-    if opts.precision != "fp32":
+    one run of the whole model each, standing for a run of every edge segment.
+
+    For an fp32 edge the run is of the source model, unoptimized: its segments
+    compute exactly those tensors (the same kernels on the same inputs). For an
+    INT8 edge it is of ``whole``, the whole model quantized with the ranges every
+    segment is quantized with (:func:`edge_ranges`); a tensor it quantizes is read
+    after its Q/DQ pair, as a segment's output is. That is a *screening* value (a
+    segment of its own may differ at its boundary), which is why ``--split auto``
+    builds the cuts it picks again for real. None for an fp16 edge, without
+    ``whole`` for INT8, or when the values would take more than ``limit`` bytes."""
+    if opts.precision == "fp16" or (opts.precision == "int8" and whole is None):
         return None
     tensors = prepared.analysis.tensors
     names = sorted({t for p in plans if p.kind != "none" for t in p.crossing})
@@ -111,7 +131,68 @@ def source_activations(
     rows = len(held) + len(next(iter(calib.values())))
     if rows * sum(tensors[t].bytes_per_sample for t in names) > limit:
         return None
-    return activations(prepared, stack(held), names), activations(prepared, calib, names)
+    if whole is None:
+        return activations(prepared, stack(held), names), activations(prepared, calib, names)
+    optimize = runtime(opts) != "tensorrt"
+    held_values, calib_values = exposed_values(
+        prepared, whole, [stack(held), calib], names, optimize
+    )
+    return held_values, calib_values
+
+
+def dequantized_names(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, str]:
+    """Per tensor of ``names``: the tensor of the QDQ ``model`` that holds its value as
+    its readers see it (the output of its QuantizeLinear -> DequantizeLinear pair),
+    or the tensor itself where nothing quantizes it."""
+    quantized = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    dequantized = {
+        n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"
+    }
+    out = {}
+    for name in names:
+        q = quantized.get(name)
+        out[name] = dequantized.get(q, name) if q is not None else name
+    return out
+
+
+def exposed_values(
+    prepared: Prepared,
+    model: onnx.ModelProto,
+    feeds: Sequence[Feed],
+    names: Sequence[str],
+    optimize: bool,
+) -> list[Feed]:
+    """Per feed of ``feeds``: the values of ``names`` (tensors of the optimized graph)
+    in a run of ``model``, a QDQ copy of it, read after their Q/DQ pairs
+    (:func:`dequantized_names`); one session for all the runs."""
+    from onnx import helper
+
+    tensors = prepared.analysis.tensors
+    inputs = {vi.name for vi in model.graph.input}
+    where = dequantized_names(model, [n for n in names if n not in inputs])
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    existing = {o.name for o in probe.graph.output}
+    for name, exposed in where.items():
+        if exposed not in existing:
+            elem = helper.np_dtype_to_tensor_dtype(np.dtype(tensors[name].dtype))
+            probe.graph.output.append(helper.make_tensor_value_info(exposed, elem, None))
+            existing.add(exposed)
+    # in slices of at most SLICE rows: ONNX Runtime's arena grows to the largest batch
+    rows = [len(next(iter(f.values()))) for f in feeds]
+    slices = [(k, i) for k, n in enumerate(rows) for i in range(0, n, SLICE)]
+    sliced = [{n: v[i : i + SLICE] for n, v in feeds[k].items()} for k, i in slices]
+    outs = run_many(probe, sliced, optimize)
+    results = []
+    for k, feed in enumerate(feeds):
+        parts = [o for (j, _), o in zip(slices, outs, strict=True) if j == k]
+        values = {
+            name: np.concatenate([np.asarray(o[exposed]) for o in parts])
+            for name, exposed in where.items()
+        }
+        values.update({n: feed[n] for n in names if n in inputs})
+        results.append(values)
+    return results
 
 
 # -- node times ---------------------------------------------------------------------
@@ -124,6 +205,7 @@ def node_times(
     notes: list[str],
     progress: Progress,
     ranges: ModelRanges | None = None,
+    whole: onnx.ModelProto | None = None,
 ) -> tuple[dict[str, float], dict[str, float], dict[int, dict[str, float]], float]:
     from splitinfer.partitioner.profiler import measure_nodes
     from splitinfer.partitioner.profiles import node_times, resolve_profile
@@ -159,7 +241,7 @@ def node_times(
     notes += [f"edge: {edge.source}", *edge.notes]
     edge_t = dict(edge.times)
     if edge_src is host and opts.precision != "fp32":
-        factor = precision_factor(prepared, opts, calib, ranges)
+        factor = precision_factor(prepared, opts, calib, ranges, whole)
         edge_t = {k: v * factor for k, v in edge_t.items()}
         notes.append(
             f"edge at {opts.precision}: fp32 node times on this machine x {factor:.2f} "
@@ -176,13 +258,15 @@ def precision_factor(
     opts: AutoOptions,
     calib: list[Feed],
     ranges: ModelRanges | None = None,
+    whole: onnx.ModelProto | None = None,
 ) -> float:
     """Measured wall time of the whole model at the edge precision / at fp32
-    (``ranges``: :func:`edge_ranges`, which spare the INT8 model its calibration)."""
+    (``ranges``: :func:`edge_ranges`, which spare the INT8 model its calibration;
+    ``whole``: the whole model at the edge precision when the caller has it)."""
     import time
 
     full = prepared.analysis.model
-    low = convert(full, opts, calib, ranges)
+    low = whole if whole is not None else convert(full, opts, calib, ranges)
     feeds = calib[0]
     times = []
     for model in (full, low):

@@ -60,6 +60,10 @@ OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 #: take most of ``--split auto``'s time (BERT-sized: 4 runs a measurement, ~0.5 s each).
 RUN_BUDGET_S = 3.0
 MIN_RUNS = 3
+#: A run at least this long warms nothing for the next: its working set (weights and
+#: activations) is far larger than the caches, so a measured run is not preceded by an
+#: untimed one of the same session (which halves the profiler's time on a real-size model).
+LONG_RUN_S = 0.02
 _KERNEL_SUFFIX = "_kernel_time"
 _QUANT_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul"})
 _RUNTIMES = {
@@ -391,16 +395,24 @@ def measure_nodes(
         feeds = {b: _feeds(feeds_for_batch, b, names) for b in batches}
         walls: dict[int, list[float]] = {}
         made: dict[int, int] = {}
+        # the sessions are warm after the first batch size; a later one needs a run
+        # to size its buffers (on a real-size model a batch-8 run is long)
+        warm = {b: warmup if k == 0 else min(warmup, 1) for k, b in enumerate(batches)}
+        # per batch size: profiled runs per measurement (2: a measured run right after an
+        # untimed one of the same session; 1 where the last warm-up run was long)
+        step: dict[int, int] = {}
         for b in batches:
-            for _ in range(warmup):
+            last = 0.0
+            for _ in range(warm[b]):
                 _run(profiled, feeds[b])
-                _run(plain, feeds[b])
+                (last,) = _walls(plain, feeds[b], 1, 0)
+            step[b] = 1 if last >= LONG_RUN_S else 2
             walls[b] = []
             start = time.perf_counter()
-            for i in range(runs):  # each measured run right after one of the same session
-                _run(profiled, feeds[b])
-                _run(profiled, feeds[b])
-                walls[b] += _walls(plain, feeds[b], 1, 1)
+            for i in range(runs):
+                for _ in range(step[b]):
+                    _run(profiled, feeds[b])
+                walls[b] += _walls(plain, feeds[b], 1, step[b] - 1)
                 spent = time.perf_counter() - start
                 if run_budget_s is not None and i + 1 >= MIN_RUNS and spent > run_budget_s:
                     break
@@ -411,7 +423,7 @@ def measure_nodes(
 
     costs = executor_costs(intra_op_threads) if calibrate else ExecutorCosts(0.0, 0.0, 0.0)
     per_run = _split_runs(events)
-    expected = sum(warmup + 2 * made[b] for b in batches)
+    expected = sum(warm[b] + step[b] * made[b] for b in batches)
     if len(per_run) != expected:
         raise ModelError(
             f"the ONNX Runtime trace holds {len(per_run)} runs, {expected} "
@@ -423,8 +435,8 @@ def measure_nodes(
     bookkeeping: dict[int, float] = {}
     offset = 0
     for b in batches:
-        end = offset + warmup + 2 * made[b]
-        measured = per_run[offset + warmup + 1 : end : 2]
+        end = offset + warm[b] + step[b] * made[b]
+        measured = per_run[offset + warm[b] + step[b] - 1 : end : step[b]]
         offset = end
         samples = _samples(measured)
         bookkeeping[b] = _bookkeeping_s(samples, walls[b], costs) if calibrate else 0.0
@@ -452,6 +464,7 @@ def measure_nodes(
             "runs": runs,
             "runs_by_batch": ", ".join(f"{b}: {made[b]}" for b in batches),
             "warmup": warmup,
+            "runs_per_measurement": ", ".join(f"{b}: {step[b]}" for b in batches),
             "intra_op_threads": intra_op_threads,
             "fixed_cost_us": round(costs.fixed_s * 1e6, 3),
             "profiler_bookkeeping_us": ", ".join(

@@ -128,6 +128,17 @@ def test_candidates_are_complete_pairs(zoo_dir: Path, calib: Path, tmp_path: Pat
         assert cut.predicted["cut_id"] == cut.id
         for seg in cut.segments():
             assert pkg.file(seg).is_file()
+    # the shortlist was screened on the whole INT8 model; every packaged cut was then
+    # built as its own INT8 segment and measured (quality on the held-out samples)
+    planning = pkg.manifest.planning
+    assert planning["cuts_screened"] >= planning["cuts_built"] >= 3
+    assert any("screened on the whole int8 model" in n for n in planning["notes"])
+    for cut in pkg.manifest.cuts:
+        assert cut.quality["samples"] > 0
+        if cut.edge is not None:
+            assert cut.edge.precision == "int8"
+            edge = onnx.load(str(pkg.file(cut.edge)))
+            assert any(n.op_type == "QuantizeLinear" for n in edge.graph.node), cut.id
 
 
 def test_privacy_and_bottleneck_are_recorded(zoo_dir: Path, calib: Path, tmp_path: Path) -> None:

@@ -397,3 +397,24 @@ def test_missing_file_and_folder(tmp_path: Path) -> None:
     (tmp_path / "latin1.json").write_bytes(b'{"device": "\xff"}')
     with pytest.raises(ConfigError, match="cannot read it"):
         NodeProfile.load(tmp_path / "latin1.json")
+
+
+def test_long_runs_are_measured_without_an_untimed_run_before_each(
+    conv_analysis: GraphAnalysis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a run outlasts ``LONG_RUN_S`` (a real-size model) each measurement is one
+    profiled and one plain run, and the trace is still split into the right runs."""
+    from splitinfer.partitioner import profiler
+
+    monkeypatch.setattr(profiler, "LONG_RUN_S", 0.0)
+    prof = measure_nodes(
+        conv_net(), conv_feeds, (1, 8), runs=4, warmup=1, analysis=conv_analysis,
+        run_budget_s=None,
+    )  # fmt: skip
+    assert prof.meta["runs_per_measurement"] == "1: 1, 8: 1"
+    assert prof.meta["runs_by_batch"] == "1: 4, 8: 4"
+    assert all(v >= 0 for v in prof.times[8].values())
+    assert sum(prof.times[8].values()) > sum(prof.times[1].values())
+    monkeypatch.setattr(profiler, "LONG_RUN_S", 1e9)  # a short model keeps the warm run
+    short = measure_nodes(conv_net(), conv_feeds, (1,), runs=3, warmup=1, analysis=conv_analysis)
+    assert short.meta["runs_per_measurement"] == "1: 2"
