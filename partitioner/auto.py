@@ -7,7 +7,7 @@
    ONNX Runtime's profiler on this machine. For an INT8 edge measured here,
    fp32 node times are scaled by the whole model's measured int8/fp32 ratio.
 3. **Wire bytes** per tensor: the int8+zstd codec run on real activations of
-   every tensor that can cross a cut (16 samples, fewer when they would hold
+   every tensor that can cross a cut (8 samples, fewer when they would hold
    more than :data:`ACTIVATION_BYTES`; the codec's speed timed on a spread of
    at most 16 of them, 32 MiB in all: ``automeasure.timing_sample``).
 4. **Candidates:** every cut when there are at most ``--max-cuts``; else the
@@ -75,7 +75,7 @@ from splitinfer.partitioner.pipeline import (
 from splitinfer.partitioner.wirecodec import InputCodec
 from splitinfer.shared.codecs import Int8ZstdCodec
 from splitinfer.shared.costs import Constraints, CutCost, best_across_links, rank
-from splitinfer.shared.errors import ConfigError, ModelError
+from splitinfer.shared.errors import ConfigError, CutError, ModelError
 from splitinfer.shared.links import Link
 from splitinfer.shared.manifest import PRECISIONS, PrivacySpec, TensorSpec
 from splitinfer.shared.preprocess import PreprocessSpec
@@ -89,7 +89,9 @@ Progress = Callable[[str], None]
 
 #: Uplink speeds (bits/s) over which --candidates picks the cuts to switch among.
 SWITCH_RATES = tuple(float(r) for r in np.geomspace(0.25e6, 100e6, 32))
-ACTIVATION_SAMPLES = 16
+#: Calibration samples the codec's compression of every tensor that can cross is
+#: measured on: an estimate for the cost model (a built cut's codec is measured on all).
+ACTIVATION_SAMPLES = 8
 #: Calibration samples the codec's agreement with the cloud output is scored on.
 SCORE_SAMPLES = 16
 #: At most this many bytes of activations held at once (fewer samples on big models).
@@ -255,32 +257,57 @@ def auto_split(
     reference = _run(prepared.optimized, _stack(held), optimize=True)
     calib_stack = _stack(calib)
     shortlisted = [by_id[c.cut_id] for c in short]
-    source = None
-    if opts.adapt is None:  # adapting fine-tunes every measured cut: build them all
-        source = _source_activations(prepared, opts, shortlisted, held, calib_stack,
-                                     ACTIVATION_BYTES, whole)  # fmt: skip
-    # an edge not at fp32 measured on the whole model's values: screened, not yet built
-    screen = source is not None and opts.precision != "fp32"
+    # The shortlist is measured in the order of its predicted objective. A cut that
+    # cannot beat the best one measured so far even sending nothing is not built (with
+    # one cut to package and no --adapt-cloud). Split cuts at an edge precision below
+    # fp32 are screened on one run of the whole model for all of them (and built again
+    # if picked); the all-edge cut's INT8 segment is the whole model's.
+    prune = opts.candidates == 1 and opts.adapt is None
+    values: list[tuple[Feed, Feed] | None] = []
+
+    def source() -> tuple[Feed, Feed] | None:
+        if not values:  # adapting fine-tunes every cut: build them all
+            found = None
+            if opts.adapt is None:
+                found = _source_activations(
+                    prepared, opts, shortlisted, held, calib_stack, ACTIVATION_BYTES, whole
+                )
+            values.append(found)
+        return values[0]
+
     measured: dict[str, _Measured] = {}
+    built: set[str] = set()
+    skipped: list[CutCost] = []
     for k, cost in enumerate(short, 1):
         plan = by_id[cost.cut_id]
-        progress(
-            f"{'screening' if screen else 'building'} cut {k}/{len(short)}: {plan.id} "
-            f"({plan.kind}), {opts.precision} edge, codec, checks"
-        )
+        where = f"cut {k}/{len(short)}: {plan.id} ({plan.kind})"
+        if prune and _cannot_win(cost, [m.cost for m in measured.values()], opts):
+            progress(f"{where} not built: it cannot win even sending nothing")
+            skipped.append(cost)
+            continue
+        src = None
+        if plan.kind == "split" or (plan.kind == "all" and whole is None):
+            src = source()
+        screened = src is not None and opts.precision != "fp32"
+        progress(f"{'screening' if screened else 'building'} {where}, {opts.precision} edge, "
+                 "codec, checks")  # fmt: skip
         measured[plan.id] = _build(prepared, plan, cost, opts, calib, calib_stack, held,
-                                   reference, ranges, source, screen=screen)  # fmt: skip
-        if screen and plan.kind != "none":  # rebuilt if picked: hold no fp32 copies
+                                   reference, ranges, src, screen=screened,
+                                   whole=whole)  # fmt: skip
+        if screened:  # rebuilt if picked: hold no fp32 copies
             measured[plan.id].art.edge = measured[plan.id].art.cloud = None
+        else:
+            built.add(plan.id)
         gc.collect()  # the cut's sessions (held in closures) before the next cut's
-    source = None
-    built = {c for c in measured if not screen or by_id[c].kind == "none"}
+    values.clear()
+    screen = len(built) < len(measured)
     if opts.adapt is not None:
         from splitinfer.partitioner.adapt_auto import adapt_measured
 
         adapt_measured(prepared, measured, opts, calib_stack, _stack(held), reference, progress)
 
     shortlist_costs = {c.cut_id: c for c in short}
+    todo_built: list[str] = []
     while True:  # build the cuts picked on screened figures, until the picks are all built
         final = [m.cost for m in measured.values()]
         ranked = rank(final, opts.link, opts.objective, opts.constraints)
@@ -297,16 +324,22 @@ def auto_split(
                                       calib_stack, held, reference, ranges,
                                       whole=whole)  # fmt: skip
             built.add(cut_id)
+            todo_built.append(cut_id)
     if screen:
         notes.append(
-            f"{len(measured)} shortlisted cuts screened on the whole {opts.precision} model's "
-            f"values; {len(built)} built as segments and measured: "
+            f"{len(measured) - len(built) + len(todo_built)} shortlisted cuts screened on the "
+            f"whole {opts.precision} model's values; built as segments and measured: "
             + ", ".join(c for c in measured if c in built)
+        )
+    if skipped:
+        notes.append(
+            f"{len(skipped)} shortlisted cuts not built: even sending nothing none could beat "
+            f"{chosen.cut_id} ({', '.join(c.cut_id for c in skipped)})"
         )
     best = measured[chosen.cut_id]
     if opts.min_agreement is not None and best.agreement is not None:
         _check_min(prepared, best, opts, calib, held, ranges)
-    table = candidate_table(final, opts.link, chosen=chosen.cut_id)
+    table = candidate_table([*final, *skipped], opts.link, chosen=chosen.cut_id)
     arts = []
     for cost in picked:
         m = measured[cost.cut_id]
@@ -334,14 +367,29 @@ def auto_split(
             "precision": opts.precision,
             "calibration": str(opts.calibration) if opts.calibration else "synthetic",
             "cuts_costed": len(plans),
-            "cuts_screened": len(measured) if screen else 0,
+            "cuts_screened": len(measured) - len(built) + len(todo_built),
             "cuts_built": len(built),
+            "cuts_not_built": [c.cut_id for c in skipped],
             "cut_search": search,
             "table": table,
             "notes": notes,
         },
     )
     return AutoResult(arts, extras, chosen, table, notes, search_line)
+
+
+def _cannot_win(cost: CutCost, done: list[CutCost], opts: AutoOptions) -> bool:
+    """True if ``cost`` loses to the best feasible cut of ``done`` even at its most
+    hopeful: nothing sent and no accuracy lost (what building it could still change)."""
+    if not done:
+        return False
+    try:
+        best = rank(done, opts.link, opts.objective, opts.constraints)[0].cost
+    except CutError:  # nothing measured is feasible yet
+        return False
+    hope = replace(cost, up_bytes=0, accuracy_drop=0.0)
+    duel = rank([best, hope], opts.link, opts.objective, opts.constraints)
+    return duel[0].cost is best
 
 
 def _pick(ranked: list[Any], opts: AutoOptions) -> list[CutCost]:

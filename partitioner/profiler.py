@@ -58,8 +58,10 @@ OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 #: early (after at least :data:`MIN_RUNS`): on a real-size model one run is long
 #: and steady enough that three give a stable median, and seven at batch 8 would
 #: take most of ``--split auto``'s time (BERT-sized: 4 runs a measurement, ~0.5 s each).
-RUN_BUDGET_S = 3.0
+RUN_BUDGET_S = 1.5
 MIN_RUNS = 3
+#: The same floor at the later batch sizes, whose runs are the longest (batch 8).
+MIN_LATER_RUNS = 2
 #: A run at least this long warms nothing for the next: its working set (weights and
 #: activations) is far larger than the caches, so a measured run is not preceded by an
 #: untimed one of the same session (which halves the profiler's time on a real-size model).
@@ -365,7 +367,8 @@ def measure_nodes(
     :data:`OPTIMIZATION_LEVELS`). ``calibrate=False`` keeps the profiler's own
     per-kernel bookkeeping in the node times. At each batch size the measured
     runs stop once they have taken ``run_budget_s`` (never fewer than
-    :data:`MIN_RUNS`, never more than ``runs``); ``meta["runs_by_batch"]`` says
+    :data:`MIN_RUNS`, :data:`MIN_LATER_RUNS` after the first batch size, never more
+    than ``runs``); ``meta["runs_by_batch"]`` says
     how many were made. ``run_budget_s=None`` always makes ``runs``.
     """
     batches = _check_args(batch_sizes, runs, warmup)
@@ -401,7 +404,8 @@ def measure_nodes(
         # per batch size: profiled runs per measurement (2: a measured run right after an
         # untimed one of the same session; 1 where the last warm-up run was long)
         step: dict[int, int] = {}
-        for b in batches:
+        for k, b in enumerate(batches):
+            least = MIN_RUNS if k == 0 else MIN_LATER_RUNS
             last = 0.0
             for _ in range(warm[b]):
                 _run(profiled, feeds[b])
@@ -414,7 +418,7 @@ def measure_nodes(
                     _run(profiled, feeds[b])
                 walls[b] += _walls(plain, feeds[b], 1, step[b] - 1)
                 spent = time.perf_counter() - start
-                if run_budget_s is not None and i + 1 >= MIN_RUNS and spent > run_budget_s:
+                if run_budget_s is not None and i + 1 >= least and spent > run_budget_s:
                     break
             made[b] = len(walls[b])
         events = json.loads(Path(profiled.end_profiling()).read_text())

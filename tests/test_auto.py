@@ -117,6 +117,27 @@ def test_the_link_moves_the_cut(zoo_dir: Path, calib: Path, tmp_path: Path) -> N
     assert fast.planning["edge_profile"] == str(weak)
 
 
+def test_cuts_that_cannot_win_even_sending_nothing_are_not_built(
+    zoo_dir: Path, calib: Path, tmp_path: Path
+) -> None:
+    """On a crawling uplink the all-edge cut is measured first; every other shortlisted
+    cut needs the round trip at least, so none is built, and the table still lists them
+    at their predicted cost (none below the chosen cut)."""
+    out = tmp_path / "pkg"
+    args = [str(zoo_dir / "chain.onnx"), "--split", "auto", "-o", str(out), *FIXED]
+    assert partition(*args, "--calibration", str(calib), "--uplink", "1kbit", "--rtt", "2s") == 0
+    m = load_manifest(out)
+    assert m.cut.kind == "all"
+    skipped = m.planning["cuts_not_built"]
+    assert skipped
+    assert m.cut.id not in skipped
+    assert m.planning["cuts_built"] == 1
+    table = {r["cut"]: r["total_ms"] for r in m.planning["table"]}
+    assert set(skipped) <= set(table)
+    assert min(table, key=lambda c: table[c]) == m.cut.id
+    assert any("not built: even sending nothing" in n for n in m.planning["notes"])
+
+
 def test_candidates_are_complete_pairs(zoo_dir: Path, calib: Path, tmp_path: Path) -> None:
     out = tmp_path / "pkg"
     args = [str(zoo_dir / "chain.onnx"), "--split", "auto", "-o", str(out)]
