@@ -2,9 +2,10 @@
 
 Both daemons print ``PROG: listening on URL`` once they serve (the cloud on
 stdout, the edge agent on stderr) and stop cleanly on SIGTERM. :class:`Daemon`
-starts one, copies everything it writes on either stream to an optional log file
-and keeps the last lines, waits for that line (or for a known URL to answer a
-readiness path), and stops it: SIGTERM, then SIGKILL when it does not go.
+starts one, copies everything it writes on either stream (one pipe, so in the
+order written) to an optional log file and keeps the last lines, waits for that
+line (or for a known URL to answer a readiness path), and stops it: SIGTERM, then
+SIGKILL when it does not go.
 
     with Daemon(command("cloud-service") + ["--repository", repo, "--no-auth",
                 "--listen", "127.0.0.1:0"], ready="/readyz") as cloud:
@@ -114,7 +115,9 @@ class Daemon:
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                # one pipe for both streams: its lines keep the order they were written
+                # in (two pipes read by two threads interleave by chance)
+                stderr=subprocess.STDOUT,
                 text=True,
                 errors="replace",
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
@@ -125,8 +128,9 @@ class Daemon:
                 self._log.close()
             raise DaemonError(f"{self.name} did not start: {self.argv[0]}: {exc.strerror}") from exc
         self._pumps = [
-            threading.Thread(target=self._pump, args=(s,), daemon=True, name=f"{self.name}-pump")
-            for s in (self.proc.stdout, self.proc.stderr)
+            threading.Thread(
+                target=self._pump, args=(self.proc.stdout,), daemon=True, name=f"{self.name}-pump"
+            )
         ]
         for t in self._pumps:
             t.start()

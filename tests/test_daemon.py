@@ -48,6 +48,24 @@ def test_a_daemon_that_exits_is_an_error_with_its_last_words(tmp_path: Path) -> 
     assert "loading | fake: error: no such package /nope" in text
 
 
+def test_its_lines_keep_the_order_they_were_written_in_across_both_streams(
+    tmp_path: Path,
+) -> None:
+    """stdout and stderr lines interleaved by the daemon come back (and go to the log)
+    in that order: the last words of a daemon that fails are read as it wrote them."""
+    body = (
+        "for i in range(200):\n"
+        "    print(f'line {i}', file=sys.stdout if i % 2 else sys.stderr, flush=True)\n"
+        "sys.exit(3)"
+    )
+    log = tmp_path / "d.log"
+    d = Daemon(fake(body), name="fake", log=log)
+    with pytest.raises(DaemonError, match=r"exit code 3; it wrote: line 195 \| line 196"):
+        d.wait(30)
+    want = [f"line {i}\n" for i in range(200)]
+    assert log.read_text().splitlines(keepends=True) == want
+
+
 def test_a_silent_daemon_times_out_and_is_stopped() -> None:
     d = Daemon(fake("print('warming up', flush=True)\ntime.sleep(60)"), name="fake")
     with pytest.raises(DaemonError, match=r"no 'listening on' line in 0.5 s; it wrote: warming"):
