@@ -34,14 +34,16 @@ import io
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +163,8 @@ class Budget:
     limit: float
     baseline: float  # the ONNX Runtime load-and-run figure, same unit
     note: str = ""
+    #: where the run's time went (:meth:`Child.phases`), printed under a failed budget
+    phases: str = ""
 
     @property
     def ok(self) -> bool:
@@ -176,19 +180,46 @@ class Child:
     peak_rss: int  # bytes
     rc: int
     stderr: str
+    #: (seconds since the spawn, line) of each line it wrote on stderr
+    lines: list[tuple[float, str]] = field(default_factory=list)
+
+    def phases(self, prefix: str = "partition: ") -> str:
+        """Where its wall time went, from the times of its progress lines: each
+        phase lasts from its line to the next (start-up: until the first line)."""
+        marks = [(t, ln.removeprefix(prefix)) for t, ln in self.lines if ln.startswith(prefix)]
+        if not marks:
+            return ""
+        spent: dict[str, float] = {"start-up": marks[0][0]}
+        ends = [t for t, _ in marks[1:]] + [self.wall_s]
+        for (t, what), end in zip(marks, ends, strict=True):
+            # "building cut 2/6: c0 ..." and "measuring the codec on 19/192 ..." add up
+            label = re.sub(r"\s*\d+/\d+.*", "", what.split(" (")[0].split(":")[0])[:40]
+            spent[label] = spent.get(label, 0.0) + end - t
+        return ", ".join(f"{k} {v:.2f}" for k, v in spent.items()) + " (s)"
 
 
 def run_child(argv: list[str], work: Path) -> Child:
-    """Run ``argv`` in a fresh process; its wall time and its own peak RSS (``wait4``)."""
-    out, err = work / "child.out", work / "child.err"
-    with out.open("wb") as o, err.open("wb") as e:
+    """Run ``argv`` in a fresh process: its wall time, its own peak RSS (``wait4``) and
+    the time of each line it writes on stderr."""
+    out = work / "child.out"
+    lines: list[tuple[float, str]] = []
+    with out.open("wb") as o:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=o, stderr=e)
+        proc = subprocess.Popen(argv, stdout=o, stderr=subprocess.PIPE, text=True, errors="replace")
+
+        def read() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.append((time.perf_counter() - t0, line.rstrip("\n")))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
+        reader.join(10)
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4
-    text = err.read_text(errors="replace")
-    return Child(wall, int(usage.ru_maxrss) * 1024, proc.returncode, text)
+    text = "\n".join(line for _, line in lines)
+    return Child(wall, int(usage.ru_maxrss) * 1024, proc.returncode, text, lines)
 
 
 EXPORT_CHILD = """
@@ -245,22 +276,24 @@ def real_scale(
     for name in names:
         say(f"{name}: partition --list-cuts")
         shape = REAL[name].input_shape_args(1)
-        c = partition_child([str(paths[name]), "--list-cuts", "-q", *shape], work)
+        c = partition_child([str(paths[name]), "--list-cuts", *shape], work)
         note = "" if c.rc == 0 else f"exit {c.rc}: {_last_line(c.stderr)}"
         wall = c.wall_s if c.rc == 0 else float("inf")
-        budgets.append(Budget("--list-cuts", name, "s", wall, LIST_CUTS_S, base[name].wall_s, note))
+        budgets.append(
+            Budget("--list-cuts", name, "s", wall, LIST_CUTS_S, base[name].wall_s, note, c.phases())
+        )
     if auto:
         for name, limit_s, limit_rss in AUTO_BUDGETS:
             say(f"{name}: partition --split auto (this takes a while)")
             shape = REAL[name].input_shape_args(1)
             pkg = work / f"pkg-{name}"
-            c = partition_child(
-                [str(paths[name]), "--split", "auto", "-o", str(pkg), "-q", *shape], work
-            )
+            c = partition_child([str(paths[name]), "--split", "auto", "-o", str(pkg), *shape], work)
             note = "" if c.rc == 0 else f"exit {c.rc}: {_last_line(c.stderr)}"
             wall = c.wall_s if c.rc == 0 else float("inf")
             b = base[name]
-            budgets.append(Budget("--split auto", name, "s", wall, limit_s, b.wall_s, note))
+            budgets.append(
+                Budget("--split auto", name, "s", wall, limit_s, b.wall_s, note, c.phases())
+            )
             rss = c.peak_rss / GB
             budgets.append(
                 Budget("  peak RSS", name, "GB", rss, limit_rss / GB, b.peak_rss / GB, note)
@@ -287,6 +320,10 @@ def budget_table(budgets: list[Budget]) -> str:
             f"{b.baseline:>7.2f} {b.unit:<1}{ratio:>8.1f}x  {'PASS' if b.ok else 'FAIL'}"
             + (f"  ({b.note})" if b.note else "")
         )
+    failed = [b for b in budgets if not b.ok and b.phases]
+    if failed:
+        lines.append("where the time of each failed budget went (its progress lines):")
+        lines += [f"  {b.what.strip()} {b.model}: {b.phases}" for b in failed]
     return "\n".join(lines)
 
 
