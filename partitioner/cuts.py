@@ -195,8 +195,8 @@ class CutSpace:
         :class:`CutError` past ``max_cuts``."""
         if self._plans is None:
             plans: list[CutPlan] = []
-            for ideal in self.ideals():
-                plan = self.plan(ideal, f"c{len(plans)}")
+            for ideal in self.ideals():  # down-sets by construction: closed
+                plan = self.plan(ideal, f"c{len(plans)}", closed=True)
                 if plan is not None:
                     plans.append(plan)
             self._plans = plans
@@ -274,10 +274,11 @@ class CutSpace:
             return self._by_mask.get(edge_units)
         return self.plan(edge_units, self.frontier_id(edge_units))
 
-    def plan(self, edge_units: int, cut_id: str) -> CutPlan | None:
-        """Place every node for the edge set ``edge_units``; None if no valid split."""
+    def plan(self, edge_units: int, cut_id: str, *, closed: bool = False) -> CutPlan | None:
+        """Place every node for the edge set ``edge_units``; None if no valid split.
+        ``closed``: the caller knows the set is closed under dependencies."""
         try:
-            return self._plan(edge_units, cut_id)
+            return self._plan(edge_units, cut_id, closed=closed)
         except _Invalid:
             return None
 
@@ -289,13 +290,17 @@ class CutSpace:
             return str(exc)
         return ""
 
-    def _plan(self, edge_units: int, cut_id: str) -> CutPlan:
+    def _plan(self, edge_units: int, cut_id: str, *, closed: bool = False) -> CutPlan:
         a = self.analysis
         tensors = a.tensors
         unit_of = self.unit_of
-        for u in range(len(self.units)):
-            if edge_units >> u & 1 and self.pred[u] & ~edge_units:
-                raise _Invalid("the edge set is not closed under dependencies")
+        if not closed:
+            m = edge_units
+            while m:
+                low = m & -m
+                if self.pred[low.bit_length() - 1] & ~edge_units:
+                    raise _Invalid("the edge set is not closed under dependencies")
+                m ^= low
         cloud: set[int] = set()
         crossing: list[str] = []
         remat: list[str] = []
