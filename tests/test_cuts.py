@@ -58,6 +58,17 @@ def test_residual_block_gives_a_two_tensor_cut() -> None:
     roundtrip_all(space, {b: {"x": rand(b, 4, seed=b)} for b in (1, 4)})
 
 
+def test_an_edge_set_not_closed_under_dependencies_is_no_cut() -> None:
+    space = space_of(chain(10))
+    last = len(space.units) - 1  # the last unit without what it reads
+    assert space.plan(1 << last, "?") is None
+    assert "not closed under dependencies" in space.explain(1 << last)
+    assert space.plan_for(1 << last) is None
+    whole = space.plan(space.full, "?")
+    assert whole is not None
+    assert whole.kind == "all"
+
+
 def test_shape_arithmetic_is_rebuilt_on_the_cloud_not_shipped() -> None:
     space = space_of(shape_subgraph())
     for plan in space.plans():
