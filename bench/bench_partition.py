@@ -193,7 +193,8 @@ class Child:
         ends = [t for t, _ in marks[1:]] + [self.wall_s]
         for (t, what), end in zip(marks, ends, strict=True):
             # "building cut 2/6: c0 ..." and "measuring the codec on 19/192 ..." add up
-            label = re.sub(r"\s*\d+/\d+.*", "", what.split(" (")[0].split(":")[0])[:40]
+            label = what.split(" (")[0].split(":")[0]
+            label = re.sub(r"\s+/\S*|\s*\d+/\d+.*", "", label)[:40]  # no paths, no counts
             spent[label] = spent.get(label, 0.0) + end - t
         return ", ".join(f"{k} {v:.2f}" for k, v in spent.items()) + " (s)"
 
@@ -320,10 +321,10 @@ def budget_table(budgets: list[Budget]) -> str:
             f"{b.baseline:>7.2f} {b.unit:<1}{ratio:>8.1f}x  {'PASS' if b.ok else 'FAIL'}"
             + (f"  ({b.note})" if b.note else "")
         )
-    failed = [b for b in budgets if not b.ok and b.phases]
-    if failed:
-        lines.append("where the time of each failed budget went (its progress lines):")
-        lines += [f"  {b.what.strip()} {b.model}: {b.phases}" for b in failed]
+    shown = [b for b in budgets if b.phases and (not b.ok or b.what == "--split auto")]
+    if shown:
+        lines.append("where the time went (from its progress lines): --split auto, failed budgets")
+        lines += [f"  {b.what.strip()} {b.model}: {b.phases}" for b in shown]
     return "\n".join(lines)
 
 

@@ -31,7 +31,7 @@ def test_phases_run_from_each_progress_line_to_the_next_and_add_up_counted_steps
     child = bench.Child(
         8.5, 1, 0, "",
         [
-            (0.7, "partition: loading m.onnx"),
+            (0.7, "partition: loading /tmp/x/m.onnx"),
             (1.0, "partition: optimizing (ort_basic, onnxslim)"),
             (4.0, "partition: measuring the codec on 1/90 tensors"),
             (4.5, "partition: measuring the codec on 90/90 tensors"),
@@ -42,16 +42,18 @@ def test_phases_run_from_each_progress_line_to_the_next_and_add_up_counted_steps
         ],
     )  # fmt: skip
     assert child.phases() == (
-        "start-up 0.70, loading m.onnx 0.30, optimizing 3.00, measuring the codec on 1.00, "
+        "start-up 0.70, loading 0.30, optimizing 3.00, measuring the codec on 1.00, "
         "building cut 2.50, wrote pkg 1.00 (s)"
     )
     assert bench.Child(1.0, 1, 0, "").phases() == ""
 
 
-def test_only_failed_budgets_say_where_their_time_went(bench: ModuleType) -> None:
+def test_failed_budgets_and_auto_runs_say_where_their_time_went(bench: ModuleType) -> None:
     ok = bench.Budget("--list-cuts", "a", "s", 1.0, 5.0, 0.2, "", "start-up 0.50 (s)")
     bad = bench.Budget("--list-cuts", "b", "s", 8.0, 5.0, 0.7, "", "optimizing 3.00 (s)")
-    table = bench.budget_table([ok, bad])
+    auto = bench.Budget("--split auto", "c", "s", 9.0, 20.0, 0.7, "", "profiling 4.00 (s)")
+    table = bench.budget_table([ok, bad, auto])
     assert "--list-cuts b: optimizing 3.00 (s)" in table
+    assert "--split auto c: profiling 4.00 (s)" in table
     assert "--list-cuts a:" not in table
     assert "where the time" not in bench.budget_table([ok])
