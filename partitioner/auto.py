@@ -178,6 +178,7 @@ def auto_split(
     progress(f"{len(calib)} calibration and {len(held)} held-out samples")
 
     space = prepared.space
+    progress("listing and planning the cuts")
     plans = space.exhaustive()
     if plans is not None:
         crossing = sorted({t for p in plans for t in p.crossing})
