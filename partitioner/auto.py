@@ -277,7 +277,8 @@ def auto_split(
         return values[0]
 
     measured: dict[str, _Measured] = {}
-    built: set[str] = set()
+    built: set[str] = set()  # measured as segments of their own
+    screened: set[str] = set()  # measured on the whole model's values first
     skipped: list[CutCost] = []
     for k, cost in enumerate(short, 1):
         plan = by_id[cost.cut_id]
@@ -289,26 +290,25 @@ def auto_split(
         src = None
         if plan.kind == "split" or (plan.kind == "all" and whole is None):
             src = source()
-        screened = src is not None and opts.precision != "fp32"
-        progress(f"{'screening' if screened else 'building'} {where}, {opts.precision} edge, "
+        screen = src is not None and opts.precision != "fp32"
+        progress(f"{'screening' if screen else 'building'} {where}, {opts.precision} edge, "
                  "codec, checks")  # fmt: skip
         measured[plan.id] = _build(prepared, plan, cost, opts, calib, calib_stack, held,
-                                   reference, ranges, src, screen=screened,
+                                   reference, ranges, src, screen=screen,
                                    whole=whole)  # fmt: skip
-        if screened:  # rebuilt if picked: hold no fp32 copies
+        if screen:  # rebuilt if picked: hold no fp32 copies
             measured[plan.id].art.edge = measured[plan.id].art.cloud = None
+            screened.add(plan.id)
         else:
             built.add(plan.id)
         gc.collect()  # the cut's sessions (held in closures) before the next cut's
     values.clear()
-    screen = len(built) < len(measured)
     if opts.adapt is not None:
         from splitinfer.partitioner.adapt_auto import adapt_measured
 
         adapt_measured(prepared, measured, opts, calib_stack, _stack(held), reference, progress)
 
     shortlist_costs = {c.cut_id: c for c in short}
-    todo_built: list[str] = []
     while True:  # build the cuts picked on screened figures, until the picks are all built
         final = [m.cost for m in measured.values()]
         ranked = rank(final, opts.link, opts.objective, opts.constraints)
@@ -325,10 +325,9 @@ def auto_split(
                                       calib_stack, held, reference, ranges,
                                       whole=whole)  # fmt: skip
             built.add(cut_id)
-            todo_built.append(cut_id)
-    if screen:
+    if screened:
         notes.append(
-            f"{len(measured) - len(built) + len(todo_built)} shortlisted cuts screened on the "
+            f"{len(screened)} shortlisted cuts screened on the "
             f"whole {opts.precision} model's values; built as segments and measured: "
             + ", ".join(c for c in measured if c in built)
         )
@@ -368,7 +367,7 @@ def auto_split(
             "precision": opts.precision,
             "calibration": str(opts.calibration) if opts.calibration else "synthetic",
             "cuts_costed": len(plans),
-            "cuts_screened": len(measured) - len(built) + len(todo_built),
+            "cuts_screened": len(screened),
             "cuts_built": len(built),
             "cuts_not_built": [c.cut_id for c in skipped],
             "cut_search": search,

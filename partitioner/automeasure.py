@@ -85,18 +85,26 @@ def run_many(
     return results
 
 
-def activations(prepared: Prepared, feeds: Feed, names: Sequence[str]) -> Feed:
-    """The values of ``names`` (tensors of the optimized graph) for ``feeds``."""
+def _exposing(prepared: Prepared, model: onnx.ModelProto, where: Mapping[str, str]) -> Any:
+    """A copy of ``model`` with graph outputs added: for each tensor of the optimized
+    graph in ``where``, the tensor of ``model`` that holds its value (same dtype)."""
     from onnx import helper
 
-    a = prepared.analysis
+    tensors = prepared.analysis.tensors
     probe = onnx.ModelProto()
-    probe.CopyFrom(a.model)
+    probe.CopyFrom(model)
     existing = {o.name for o in probe.graph.output}
-    for name in names:
-        if name not in existing and name not in feeds:
-            elem = helper.np_dtype_to_tensor_dtype(np.dtype(a.tensors[name].dtype))
-            probe.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    for name, exposed in where.items():
+        if exposed not in existing:
+            elem = helper.np_dtype_to_tensor_dtype(np.dtype(tensors[name].dtype))
+            probe.graph.output.append(helper.make_tensor_value_info(exposed, elem, None))
+            existing.add(exposed)
+    return probe
+
+
+def activations(prepared: Prepared, feeds: Feed, names: Sequence[str]) -> Feed:
+    """The values of ``names`` (tensors of the optimized graph) for ``feeds``."""
+    probe = _exposing(prepared, prepared.analysis.model, {n: n for n in names if n not in feeds})
     out = run(probe, feeds, optimize=False)
     out.update(feeds)
     return {n: np.asarray(out[n]) for n in names if n in out}
@@ -165,19 +173,9 @@ def exposed_values(
     """Per feed of ``feeds``: the values of ``names`` (tensors of the optimized graph)
     in a run of ``model``, a QDQ copy of it, read after their Q/DQ pairs
     (:func:`dequantized_names`); one session for all the runs."""
-    from onnx import helper
-
-    tensors = prepared.analysis.tensors
     inputs = {vi.name for vi in model.graph.input}
     where = dequantized_names(model, [n for n in names if n not in inputs])
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
-    for name, exposed in where.items():
-        if exposed not in existing:
-            elem = helper.np_dtype_to_tensor_dtype(np.dtype(tensors[name].dtype))
-            probe.graph.output.append(helper.make_tensor_value_info(exposed, elem, None))
-            existing.add(exposed)
+    probe = _exposing(prepared, model, where)
     # in slices of at most SLICE rows: ONNX Runtime's arena grows to the largest batch
     rows = [len(next(iter(f.values()))) for f in feeds]
     slices = [(k, i) for k, n in enumerate(rows) for i in range(0, n, SLICE)]
