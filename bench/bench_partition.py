@@ -269,6 +269,7 @@ def real_scale(
         if c.rc != 0:
             raise RuntimeError(f"exporting {name} failed: {c.stderr.strip()[-500:]}")
         say(f"exported {name} in {time.perf_counter() - t0:.1f} s")
+    os.sync()  # the exported weights' write-back must not land in the timed runs
     base = {}
     for name in wanted:
         base[name] = ort_baseline(paths[name], name, work)

@@ -11,7 +11,8 @@ from graphs import f32, make, rand
 from onnx import helper
 from ortutil import run
 
-from splitinfer.partitioner.passes import DEFAULT_PIPELINE, PASSES, optimize
+from splitinfer.partitioner.passes import DEFAULT_PIPELINE, PASSES, name_nodes, optimize
+from splitinfer.partitioner.passes.ort_basic import in_source_order
 from splitinfer.shared.errors import ConfigError, ModelError
 
 pytestmark = pytest.mark.unit
@@ -128,3 +129,91 @@ def test_optimize_names_every_node_uniquely() -> None:
     assert len(set(names)) == 4
     assert "dup" in names
     assert "Sigmoid_3" in names
+
+
+def test_the_pipeline_keeps_large_weights_beside_the_graph_and_returns_them_in_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a 64 KiB Conv weight (folded with its BatchNorm by ONNX Runtime) and a small one
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "g", "beta", "mean", "var"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["r"]),
+        helper.make_node("Conv", ["r", "w2"], ["y"]),
+    ]
+    inits = {
+        "w": rand(64, 64, 2, 2),
+        "b": rand(64, seed=1),
+        "g": np.abs(rand(64, seed=2)) + 0.5,
+        "beta": rand(64, seed=3),
+        "mean": rand(64, seed=4),
+        "var": np.abs(rand(64, seed=5)) + 0.5,
+        "w2": rand(8, 64, 1, 1, seed=6),
+    }
+    model = make(nodes, [f32("x", ["N", 64, 6, 6])], [f32("y", ["N", 8, 7, 7])], inits)
+    seen: list[bool] = []
+    slim_run = PASSES["onnxslim"]
+
+    def spy(m: onnx.ModelProto, beside: object = None) -> onnx.ModelProto:
+        seen.append(any(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initializer))
+        return slim_run(m, beside)  # type: ignore[arg-type]
+
+    monkeypatch.setitem(PASSES, "onnxslim", spy)
+    out, _ = optimize(model)
+    assert seen == [True]  # onnxslim got the folded weight as a reference to the file
+    assert all(
+        t.data_location == onnx.TensorProto.DEFAULT and not t.HasField("data_location")
+        for t in out.graph.initializer
+    )
+    assert ops(out)["BatchNormalization"] == 0
+    same_outputs(model, out, {"x": rand(2, 64, 6, 6, seed=9)})
+    # the same model, pass by pass on their own, each reading its weights in place
+    alone = model
+    for name in DEFAULT_PIPELINE:
+        alone = slim_run(alone) if name == "onnxslim" else PASSES[name](alone)
+    name_nodes(alone)
+    assert out.SerializeToString(deterministic=True) == alone.SerializeToString(deterministic=True)
+
+
+def test_ort_basic_keeps_the_source_order_of_the_nodes() -> None:
+    # x and mask feed three independent chains; ONNX Runtime's writer puts them in
+    # another order, and the order numbers the cuts
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Unsqueeze", ["mask", "ax2"], ["m3"]),
+        helper.make_node("Mul", ["r", "m3"], ["rm"]),
+        helper.make_node("ReduceSum", ["rm", "ax1"], ["s"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask", "ax1"], ["cnt"], keepdims=1),
+        helper.make_node("Div", ["s", "cnt"], ["y"]),
+    ]
+    inits = {"w": rand(4, 4), "ax2": np.array([2], np.int64), "ax1": np.array([1], np.int64)}
+    model = make(
+        nodes, [f32("x", ["N", "S", 4]), f32("mask", ["N", "S"])], [f32("y", ["N", 4])], inits
+    )
+    out = PASSES["ort_basic"](model)
+    assert [n.output[0] for n in out.graph.node] == ["h", "r", "m3", "rm", "s", "cnt", "y"]
+
+
+def test_source_order_puts_a_new_node_after_what_it_reads() -> None:
+    src = make(
+        [
+            helper.make_node("Relu", ["x"], ["a"]),
+            helper.make_node("Neg", ["x"], ["b"]),
+            helper.make_node("Add", ["a", "b"], ["y"]),
+        ],
+        [f32("x", [2])],
+        [f32("y", [2])],
+        {},
+    )
+    # as a writer might give it back: reordered, and Neg replaced by a new node
+    nodes = [
+        helper.make_node("Add", ["a2", "b2"], ["y"]),
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Sigmoid", ["a"], ["a2"]),
+        helper.make_node("Sigmoid", ["x"], ["b2"]),
+    ]
+    out = helper.make_model(helper.make_graph(nodes, "g", [f32("x", [2])], [f32("y", [2])]))
+    in_source_order(out, src)
+    # Relu keeps its place; the new Sigmoids go after what they read (a, and the input)
+    assert [n.output[0] for n in out.graph.node] == ["b2", "a", "a2", "y"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -10,6 +12,7 @@ from onnx import helper
 from ortutil import run
 
 from splitinfer.partitioner.passes import slim
+from splitinfer.partitioner.passes.beside import read_beside
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +80,51 @@ def test_a_pass_that_reads_a_held_weight_falls_back_to_the_full_model(
         t.HasField("raw_data") or t.data_location == onnx.TensorProto.EXTERNAL
         for t in out.graph.initializer
     )
+
+
+def beside(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
+    """``model`` with its initializers of 1 KB and more in a file in ``folder``, as
+    ONNX Runtime's pass leaves them (external-data references, not read)."""
+    path = folder / "m.onnx"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # saving with external data rewrites the model it is given
+    onnx.save(copy, str(path), save_as_external_data=True, location="w.bin", size_threshold=1024)
+    return onnx.load(str(path), load_external_data=False)
+
+
+def test_weights_beside_the_graph_stay_there_and_tie_as_in_place(tmp_path: Path) -> None:
+    model = three_projections()
+    ref = beside(model, tmp_path)
+    light, held = slim._strip(ref, slim.BesideData(tmp_path))
+    assert set(held) == {"wq", "wk", "wv"}
+    label = {t.name: t.doc_string for t in light.graph.initializer}
+    assert label["wk"] == label["wv"] != label["wq"]
+    out = slim.run(ref, tmp_path)
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in out.graph.initializer)
+    read_beside(out, tmp_path)
+    in_place = slim.run(model)
+    assert out.SerializeToString(deterministic=True) == in_place.SerializeToString(
+        deterministic=True
+    )
+
+
+def test_weights_beside_go_through_the_full_pass_when_onnxslim_reads_them(
+    tmp_path: Path,
+) -> None:
+    nodes = [
+        helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt"], ["y"]),
+    ]
+    model = make(nodes, [f32("x", ["N", N])], [f32("y", ["N", N])], {"w": rand(N, N, seed=4)})
+    out = slim.run(beside(model, tmp_path), tmp_path)
+    read_beside(out, tmp_path)  # whatever is still a reference
+    x = {"x": rand(3, N, seed=5)}
+    np.testing.assert_allclose(run(out, x)["y"], run(model, x)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_beside_data_refuses_a_location_outside_its_folder(tmp_path: Path) -> None:
+    ref = beside(three_projections(), tmp_path)
+    t = ref.graph.initializer[0]
+    next(e for e in t.external_data if e.key == "location").value = "../w.bin"
+    with pytest.raises(ValueError, match="outside"):
+        slim.BesideData(tmp_path).bytes_of(t)

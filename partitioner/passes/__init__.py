@@ -22,21 +22,32 @@ that no cut separates (see :mod:`splitinfer.partitioner.cuts`).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx
 
 from splitinfer.partitioner.passes import fuse_hardswish, ort_basic, slim
+from splitinfer.partitioner.passes.beside import read_beside
 from splitinfer.shared.errors import ConfigError, ModelError
 
-Pass = Callable[[onnx.ModelProto], onnx.ModelProto]
+#: A pass: the model, and the folder its external-data initializers are in (None: the
+#: model has none) -> the optimized model.
+Pass = Callable[[onnx.ModelProto, Path | None], onnx.ModelProto]
 
 PASSES: dict[str, Pass] = {
     "ort_basic": ort_basic.run,
     "fuse_hardswish": fuse_hardswish.run,
     "onnxslim": slim.run,
 }
+
+#: Passes that take a model whose large initializers are still beside the graph.
+KEEP_BESIDE = frozenset({"fuse_hardswish", "onnxslim"})
 
 DEFAULT_PIPELINE: tuple[str, ...] = ("ort_basic", "fuse_hardswish", "onnxslim")
 
@@ -55,15 +66,37 @@ def optimize(
 ) -> tuple[onnx.ModelProto, list[PassReport]]:
     """Run the named passes in order; return the model and per-pass node counts."""
     reports: list[PassReport] = []
-    for name in names:
-        if name not in PASSES:
-            raise ConfigError(f"unknown optimization pass {name!r}; known: {', '.join(PASSES)}")
-        before = len(model.graph.node)
-        model = PASSES[name](model)
-        check_standard(model, name)
-        reports.append(PassReport(name, before, len(model.graph.node)))
+    if "onnxslim" in names[1:]:
+        _import_soon("onnxslim")
+    with tempfile.TemporaryDirectory(prefix="splitinfer-passes-") as tmp:
+        beside = Path(tmp)  # where ort_basic leaves the weights (see .beside)
+        for name in names:
+            if name not in PASSES:
+                raise ConfigError(f"unknown optimization pass {name!r}; known: {', '.join(PASSES)}")
+            if name not in KEEP_BESIDE:
+                read_beside(model, beside)
+            before = len(model.graph.node)
+            model = PASSES[name](model, beside)
+            check_standard(model, name)
+            reports.append(PassReport(name, before, len(model.graph.node)))
+        read_beside(model, beside)
     name_nodes(model)
     return model, reports
+
+
+def _import_soon(module: str) -> None:
+    """Import ``module`` on a thread while the passes before it run.
+
+    onnxslim's import (sympy among it) takes half a second; ONNX Runtime's pass
+    before it works without the GIL, so the import overlaps it. The pass itself
+    imports the module as usual (waiting for this import if it is not done).
+    """
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # the pass's own import reports failures
+            importlib.import_module(module)
+
+    threading.Thread(target=load, name=f"import-{module}", daemon=True).start()
 
 
 def name_nodes(model: onnx.ModelProto) -> None:

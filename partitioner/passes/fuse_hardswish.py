@@ -10,6 +10,7 @@ onnxslim has this rewrite, hence a pass of our own.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import onnx
 from onnx import helper
@@ -22,7 +23,8 @@ def _float_attr(node: onnx.NodeProto, name: str, default: float) -> float:
     return default
 
 
-def run(model: onnx.ModelProto) -> onnx.ModelProto:
+def run(model: onnx.ModelProto, beside: Path | None = None) -> onnx.ModelProto:
+    """``beside`` is not read: the pass never reads initializer data."""
     opset = next((o.version for o in model.opset_import if o.domain in {"", "ai.onnx"}), 0)
     if opset < 14:
         return model

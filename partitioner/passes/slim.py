@@ -6,21 +6,24 @@ inference on a full copy): 22 s of 26 s on BERT-base. The weights play no part
 in what it rewrites (ONNX Runtime's basic pass before it has folded the
 constants), so large initializers travel beside onnxslim: they go in as
 data-less tensors of the same name, type and shape, and their data is put back
-by name afterwards. If onnxslim reads such a tensor's values (it would fail on
-the missing data), drops one and reuses its name, or changes its type or shape,
-the pass runs again on the whole model, as before. Each data-less tensor carries
-a label of its data (the same for tensors of equal type, dims and bytes, and only
-for those), so onnxslim ties equal weights (and only those) as it does with the
-data in place.
+by name afterwards (where ONNX Runtime's pass left them in a file beside the
+graph, only the reference is put back). If onnxslim reads such a tensor's values
+(it would fail on the missing data), drops one and reuses its name, or changes
+its type or shape, the pass runs again on the whole model, as before. Each
+data-less tensor carries a label of its data (the same for tensors of equal
+type, dims and bytes, and only for those), so onnxslim ties equal weights (and
+only those) as it does with the data in place.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import onnx
 
 from splitinfer.partitioner.loader import copy_except
+from splitinfer.partitioner.passes.beside import BesideData, is_beside, read_beside
 from splitinfer.shared.errors import ModelError
 
 #: Initializers at least this big (bytes of data) do not go through onnxslim.
@@ -28,9 +31,11 @@ STRIP_BYTES = 1 << 16
 _SHELL = "splitinfer:held:"
 
 
-def run(model: onnx.ModelProto) -> onnx.ModelProto:
+def run(model: onnx.ModelProto, beside: Path | None = None) -> onnx.ModelProto:
+    """The slimmed model; ``beside``: the folder of its external-data initializers (they
+    stay references)."""
     logging.getLogger("onnxslim").setLevel(logging.ERROR)
-    light, held = _strip(model)
+    light, held = _strip(model, None if beside is None else BesideData(beside))
     if held:
         try:
             out = _restore(_slim(light), held)
@@ -38,6 +43,11 @@ def run(model: onnx.ModelProto) -> onnx.ModelProto:
             out = None
         if out is not None:
             return out
+    if beside is not None and any(is_beside(t) for t in model.graph.initializer):
+        whole = onnx.ModelProto()
+        whole.CopyFrom(model)
+        read_beside(whole, beside)
+        model = whole
     return _slim(model)
 
 
@@ -64,10 +74,17 @@ def _data_bytes(t: onnx.TensorProto) -> int:
     return _elements(t) * itemsize
 
 
-def _strip(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
-    """A copy of ``model`` whose large initializers have no data, and those initializers."""
+def _strip(
+    model: onnx.ModelProto, data: BesideData | None = None
+) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+    """A copy of ``model`` whose large initializers have no data, and those initializers
+    (with ``data``, every external-data initializer among them)."""
     graph = model.graph
-    held = {t.name: t for t in graph.initializer if _data_bytes(t) >= STRIP_BYTES}
+    held = {
+        t.name: t
+        for t in graph.initializer
+        if (data is not None and is_beside(t)) or _data_bytes(t) >= STRIP_BYTES
+    }
     if not held:
         return model, {}
     light = onnx.ModelProto()
@@ -76,19 +93,22 @@ def _strip(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.Tens
     kept = graph.initializer
     # onnxslim ties constants whose fields other than the name are equal: the label
     # keeps equal weights equal and different weights different. Labels by exact
-    # comparison: Python's bytes hash picks the candidates (a fifth of blake2b's time),
-    # the bytes decide.
-    labels: dict[tuple[int, tuple[int, ...], int], list[tuple[onnx.TensorProto, int]]] = {}
+    # comparison: a fingerprint (size, first and last 4 KB) picks the candidates, the
+    # bytes decide.
+    labels: dict[
+        tuple[int, tuple[int, ...], tuple[int, int, int]], list[tuple[onnx.TensorProto, int]]
+    ]
+    labels = {}
     count = 0
     for t in kept:
         if t.name in held:
-            raw = t.raw_data
-            same = labels.setdefault((t.data_type, tuple(t.dims), hash(raw)), [])
-            label = next((k for rep, k in same if rep.raw_data == raw), None)
+            buf = _bytes(t, data)
+            same = labels.setdefault((t.data_type, tuple(t.dims), _fingerprint(buf)), [])
+            label = next((k for rep, k in same if _bytes(rep, data) == buf), None)
             if label is None:
                 label, count = count, count + 1
                 same.append((t, label))
-            del raw
+            del buf
             shell = light.graph.initializer.add()
             shell.name, shell.data_type = t.name, t.data_type
             shell.dims.extend(t.dims)
@@ -96,6 +116,18 @@ def _strip(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.Tens
         else:
             light.graph.initializer.add().CopyFrom(t)
     return light, held
+
+
+def _bytes(t: onnx.TensorProto, data: BesideData | None) -> bytes | memoryview:
+    """A held tensor's data: a view of the file beside the graph, or its ``raw_data``."""
+    if is_beside(t):
+        assert data is not None
+        return data.bytes_of(t)
+    return t.raw_data
+
+
+def _fingerprint(buf: bytes | memoryview) -> tuple[int, int, int]:
+    return len(buf), hash(bytes(buf[:4096])), hash(bytes(buf[-4096:]))
 
 
 def _restore(out: onnx.ModelProto, held: dict[str, onnx.TensorProto]) -> onnx.ModelProto | None:
