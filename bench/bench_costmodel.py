@@ -550,6 +550,8 @@ def _bench_model(
                     "vs_edge": lat[pred] / lat[every.cut_id],
                     "vs_better": lat[pred] / min(cloud_best, lat[every.cut_id]),
                     "all_ms": {c: v * 1e3 for c, v in lat.items()},
+                    "device_ms": {c: t.device_s * 1e3 for c, t in m.items()},
+                    "kinds": kinds,
                 }
             )
     info = {
@@ -689,6 +691,38 @@ def summary(rows: Sequence[dict[str, Any]], judged: bool = True) -> tuple[list[s
     return lines, all(ok for _, ok in checks)
 
 
+#: Device slow-downs of the ceiling what-if.
+CEILING_FACTORS = (1, 2, 5, 10, 20, 50, 100)
+
+
+def ceiling(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """How the interior share grows with the device's slowness, the cloud staying this
+    machine: each row's cuts re-composed with every device time x k (a what-if from the
+    measured parts, not a measurement; the acceptance lines above judge the measured k=1)."""
+    devices = list(dict.fromkeys(r["device"] for r in rows))
+    groups = [("all rows", list(rows))] + [
+        (d, [r for r in rows if r["device"] == d]) for d in devices
+    ]
+    head = f"{'k':>5}" + "".join(f"{label:>18}" for label, _ in groups)
+    lines = [
+        "ceiling: the interior share if every device were k x slower than measured, the links "
+        "and the cloud (this machine's 2 cores) as measured (what-if, composed from each cut's "
+        "measured device time, transfer and cloud time):",
+        head,
+    ]
+    for k in CEILING_FACTORS:
+        cells = []
+        for _, group in groups:
+            inner = 0
+            for r in group:
+                lat = {c: v + (k - 1) * r["device_ms"][c] for c, v in r["all_ms"].items()}
+                best = min(lat, key=lambda c: (lat[c], c))
+                inner += r["kinds"][best] == "split"
+            cells.append(f"{inner}/{len(group)} ({inner / len(group):.0%})")
+        lines.append(f"{k:>5}" + "".join(f"{cell:>18}" for cell in cells))
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI smoke: a small model, 3 links")
@@ -746,12 +780,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok &= bool(speed["pass"])
     for line in lines:
         print(line)
+    print()
+    for line in ceiling(rows):
+        print(line)
+    print()
     if args.quick:
         print("acceptance: not judged under --quick (a small model on 3 links; a smoke test)")
     else:
         print(f"acceptance: {'PASS' if ok else 'FAIL'}")
     if args.json:
-        doc = {"rows": rows, "models": infos, "speed": speed, "summary": lines}
+        doc = {"rows": rows, "models": infos, "speed": speed, "summary": lines,
+               "ceiling": ceiling(rows)}  # fmt: skip
         args.json.write_text(json.dumps(doc, indent=2), encoding="utf-8")
     return 0 if ok or args.quick else 1
 

@@ -57,3 +57,27 @@ def test_quick_run_measures_every_cut_and_the_oracle_is_the_best(
     for cut in rows[0]["all_ms"]:
         lat = [r["all_ms"][cut] for r in rows]
         assert lat == sorted(lat, reverse=True), (cut, lat)
+
+
+@pytest.mark.unit
+def test_the_ceiling_recomposes_the_measured_parts_with_a_slower_device() -> None:
+    bench = _bench()
+
+    def row(device: str, up_ms: float) -> dict:
+        # cloud-only sends the input (up_ms); the split does 10 ms on the device and
+        # sends a quarter; all-edge is 100 ms on the device
+        device_ms = {"c0": 0.0, "c1": 10.0, "c2": 100.0}
+        all_ms = {"c0": up_ms + 50, "c1": 10.0 + up_ms / 4 + 45, "c2": 100.0}
+        kinds = {"c0": "none", "c1": "split", "c2": "all"}
+        return {"device": device, "all_ms": all_ms, "device_ms": device_ms, "kinds": kinds}
+
+    rows = [row("fast", 30.0), row("fast", 200.0)]
+    lines = bench.ceiling(rows)
+    by_k = {int(line.split()[0]): line.split()[1:] for line in lines[2:]}
+    # k=1: 30 ms up -> all-edge 100, cloud-only 80, split 62.5: interior; 200 ms up -> split
+    # 105 vs all-edge 100: all-edge. k=2: all-edge 200, split 72.5 / 115: both interior.
+    assert by_k[1][0] == "1/2"
+    assert by_k[2][0] == "2/2"
+    # a device 100x slower: 1 s on the split's part, the cloud-only cut wins both
+    assert by_k[100][0] == "0/2"
+    assert lines[1].split()[:3] == ["k", "all", "rows"]
