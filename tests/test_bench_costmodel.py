@@ -81,3 +81,23 @@ def test_the_ceiling_recomposes_the_measured_parts_with_a_slower_device() -> Non
     # a device 100x slower: 1 s on the split's part, the cloud-only cut wins both
     assert by_k[100][0] == "0/2"
     assert lines[1].split()[:3] == ["k", "all", "rows"]
+
+
+@pytest.mark.unit
+def test_trace_uploads_are_what_the_emulated_links_shaper_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bench = _bench()
+    monkeypatch.setattr(bench, "STARTS", 30)
+    traces = [c for c in bench.link_cases(False) if c.direction.trace is not None]
+    assert len(traces) >= 4
+    for case in traces:
+        d = case.direction
+        starts = [i * d.trace.duration_ms / 1e3 / 30 for i in range(30)]
+        for nbytes in (1, 1846, 60_000):
+            want = bench.shaper_upload(d, nbytes, starts)
+            assert bench._mean_upload(d, nbytes) == pytest.approx(want, abs=1e-9), (case, nbytes)
+    fixed = next(c for c in bench.link_cases(False) if c.direction.trace is None)
+    assert bench._mean_upload(fixed.direction, 1500) == pytest.approx(
+        bench.shaper_upload(fixed.direction, 1500, [0.0])
+    )
