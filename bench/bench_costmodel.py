@@ -481,7 +481,8 @@ def bench_model(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One model's rows; kept in ``work/result.json`` and reused by a run with the same
     devices, links, cut limit and runs (``--work``: a long run survives a crash)."""
-    key = [[d.name for d in devices], [c.label for c in cases], limit, runs, "round-robin, least"]
+    key = [[d.name for d in devices], [c.label for c in cases], limit, runs, "round-robin, least",
+           f"{STARTS} starts"]  # fmt: skip
     saved = work / "result.json"
     if saved.exists():
         doc = json.loads(saved.read_text(encoding="utf-8"))
