@@ -101,3 +101,18 @@ def test_trace_uploads_are_what_the_emulated_links_shaper_does(
     assert bench._mean_upload(fixed.direction, 1500) == pytest.approx(
         bench.shaper_upload(fixed.direction, 1500, [0.0])
     )
+
+
+@pytest.mark.unit
+def test_the_raw_baseline_is_a_whole_frame_with_the_inputs_raw() -> None:
+    import numpy as np
+
+    bench = _bench()
+    feeds = {
+        "input_ids": np.ones((1, 128), np.int64),
+        "pixels": np.zeros((1, 3, 8, 8), np.float64),  # floats travel at fp32
+    }
+    raw = bench.raw_input_bytes(feeds)
+    assert raw == 128 * 8 + 3 * 8 * 8 * 4
+    frame = bench.raw_request_bytes(feeds, "minilm")
+    assert raw < frame < raw + 1024  # the frame's header and per-tensor fields
