@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from splitinfer.edge.model import CutRuntime
-from splitinfer.shared.codecs import RAW, QuantParams, get_codec
+from splitinfer.shared.codecs import RAW, ZSTD, ZSTD_COMPANIONS, QuantParams, get_codec
 from splitinfer.shared.errors import CodecError
 from splitinfer.shared.frame import WireTensor
 
@@ -64,7 +64,8 @@ def wire_tensor(rt: CutRuntime, name: str, array: Array) -> WireTensor:
     """One cut tensor as it travels: codec, and int8 parameters when the codec needs them."""
     codec = get_codec(rt.codec_id, rt.codecs)
     if str(array.dtype) not in codec.dtypes:
-        return WireTensor(name, array, RAW)
+        # ids and masks: lossless, zstd-compressed under a zstd cut codec
+        return WireTensor(name, array, ZSTD if codec.id in ZSTD_COMPANIONS else RAW)
     quant: QuantParams | None = None
     calibrated = False
     if codec.needs_params:

@@ -65,6 +65,8 @@ __all__ = [
     "RAW",
     "RAW_DTYPES",
     "U8",
+    "ZSTD",
+    "ZSTD_COMPANIONS",
     "Array",
     "Buffer",
     "Codec",
@@ -76,6 +78,7 @@ __all__ = [
     "PngCodec",
     "QuantParams",
     "RawCodec",
+    "ZstdCodec",
     "calibrate_image",
     "calibrate_params",
     "default_codecs",
@@ -97,6 +100,7 @@ INT8_ZSTD = 4
 PNG = 5
 JPEG = 6
 INT4_ZSTD = 7
+ZSTD = 8
 
 #: Logical dtypes the raw codec carries (little-endian on the wire).
 RAW_DTYPES = frozenset(
@@ -293,7 +297,6 @@ class Int8ZstdCodec:
         params: QuantParams | None,
         max_bytes: int,
     ) -> Array:
-        import zstandard
 
         quant = _need(params, self)
         _check_dtype(dtype, self)
@@ -303,33 +306,86 @@ class Int8ZstdCodec:
             raise CodecError(
                 f"{self.name}: tensor of shape {list(shape)} exceeds {max_bytes} bytes"
             )
-        try:
-            claimed = zstandard.get_frame_parameters(data).content_size
-            if claimed == zstandard.CONTENTSIZE_UNKNOWN:
-                raise CodecError(
-                    f"{self.name}: zstd frame does not state its content size (the wire "
-                    f"format requires it: {expected} bytes)"
-                )
-            if claimed != expected:
-                raise CodecError(
-                    f"{self.name}: zstd frame claims {claimed} bytes, expected {expected}"
-                )
-            if expected == 0:
-                raw = b""
-                if claimed != 0:
-                    raise CodecError(f"{self.name}: zstd frame for an empty tensor is not empty")
-            else:
-                decompressor = zstandard.ZstdDecompressor(dict_data=self._dict)
-                raw = decompressor.decompress(
-                    data, max_output_size=expected, allow_extra_data=False
-                )
-        except zstandard.ZstdError as exc:
-            raise CodecError(f"{self.name}: {exc}") from exc
-        if len(raw) != expected:
-            raise CodecError(f"{self.name}: {len(raw)} bytes decompressed, expected {expected}")
+        raw = _unzstd(data, expected, self._dict, self)
         quant.check_shape(shape)
         q = self._values(raw, count).reshape(shape)
         return dequantize(q, quant).astype(dtype, copy=False)
+
+
+def _unzstd(data: Buffer, expected: int, dictionary: Any, codec: Codec) -> bytes:
+    """One zstd frame that states exactly ``expected`` bytes of content, decompressed;
+    :class:`CodecError` before any allocation if it claims another size or none."""
+    import zstandard
+
+    try:
+        claimed = zstandard.get_frame_parameters(data).content_size
+        if claimed == zstandard.CONTENTSIZE_UNKNOWN:
+            raise CodecError(
+                f"{codec.name}: zstd frame does not state its content size (the wire "
+                f"format requires it: {expected} bytes)"
+            )
+        if claimed != expected:
+            raise CodecError(
+                f"{codec.name}: zstd frame claims {claimed} bytes, expected {expected}"
+            )
+        if expected == 0:
+            raw = b""
+        else:
+            decompressor = zstandard.ZstdDecompressor(dict_data=dictionary)
+            raw = decompressor.decompress(data, max_output_size=expected, allow_extra_data=False)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"{codec.name}: {exc}") from exc
+    if len(raw) != expected:
+        raise CodecError(f"{codec.name}: {len(raw)} bytes decompressed, expected {expected}")
+    return raw
+
+
+class ZstdCodec:
+    """Id 8: the raw codec's bytes as one zstd frame. Lossless.
+
+    It carries the tensors a lossy cut codec cannot (token ids, masks, integer
+    indices) when the cut's codec is a zstd one (:data:`ZSTD_COMPANIONS`): int64
+    ids below 2**16 are three-quarters zero bytes. No dictionary; the same bounded
+    decompression as the int8+zstd codec.
+    """
+
+    id: int = ZSTD
+    name: str = "zstd"
+    needs_params: bool = False
+    dtypes: frozenset[str] = RAW_DTYPES
+
+    def __init__(self, level: int = 3) -> None:
+        import zstandard
+
+        self.level = level
+        self._params = zstandard.ZstdCompressionParameters.from_level(
+            level, write_content_size=True, write_dict_id=False
+        )
+
+    def encode(self, array: Array, params: QuantParams | None = None) -> bytes:
+        import zstandard
+
+        dtype = _wire_dtype(dtype_name(np.asarray(array).dtype), self)
+        raw = np.ascontiguousarray(array, dtype=dtype).tobytes()
+        return zstandard.ZstdCompressor(compression_params=self._params).compress(raw)
+
+    def decode(
+        self,
+        data: Buffer,
+        dtype: str,
+        shape: tuple[int, ...],
+        params: QuantParams | None,
+        max_bytes: int,
+    ) -> Array:
+        wire = _wire_dtype(dtype, self)
+        expected = _count(shape) * wire.itemsize
+        if expected > max_bytes or len(data) > max_bytes:
+            raise CodecError(
+                f"{self.name}: tensor of shape {list(shape)} exceeds {max_bytes} bytes"
+            )
+        raw = _unzstd(data, expected, None, self)
+        array = np.frombuffer(raw, dtype=wire).reshape(shape)
+        return array if wire.isnative else array.astype(dtype)
 
 
 class Int4ZstdCodec(Int8ZstdCodec):
@@ -468,6 +524,7 @@ def default_codecs() -> dict[int, Codec]:
         PngCodec(),
         Int4ZstdCodec(),
         JpegCodec(),
+        ZstdCodec(),
     ]
     return {c.id: c for c in codecs}
 
@@ -481,6 +538,10 @@ def get_codec(codec_id: int, codecs: Mapping[int, Codec] | None = None) -> Codec
         known = ", ".join(str(k) for k in sorted(registry))
         raise CodecError(f"unknown codec id {codec_id!r} (known: {known})") from None
 
+
+#: Cut codecs under which the tensors they cannot carry travel as :class:`ZstdCodec`
+#: (id 8) instead of raw.
+ZSTD_COMPANIONS = frozenset({INT8_ZSTD, INT4_ZSTD})
 
 #: The default registry. Build your own mapping for a zstd dictionary or level.
 DEFAULT_CODECS: Mapping[int, Codec] = default_codecs()

@@ -32,6 +32,8 @@ import numpy as np
 
 from splitinfer.shared.codecs import (
     RAW,
+    ZSTD,
+    ZSTD_COMPANIONS,
     Array,
     Codec,
     QuantParams,
@@ -444,10 +446,15 @@ def _tensors(
         if spec.dtype not in codec.dtypes:
             raise ProtocolError(f"{where}.codec: {codec.name} cannot carry {spec.dtype}")
         if want is not None:
-            allowed = want if spec.dtype in want.dtypes else get_codec(RAW, codecs)
-            if codec.id != allowed.id:
+            if spec.dtype in want.dtypes:
+                allowed = [want]
+            else:  # what the cut's codec cannot carry travels losslessly
+                companion = want.id in ZSTD_COMPANIONS
+                allowed = [get_codec(c, codecs) for c in ((RAW, ZSTD) if companion else (RAW,))]
+            if codec.id not in {c.id for c in allowed}:
+                which = " or ".join(c.name for c in allowed)
                 raise ProtocolError(
-                    f"{where}.codec: {codec.name} is not the cut's codec ({allowed.name}, "
+                    f"{where}.codec: {codec.name} is not the cut's codec ({which}, "
                     "from the manifest)"
                 )
         ref = meta["quant"] == QUANT_FROM_MANIFEST and codec.needs_params

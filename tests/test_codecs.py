@@ -20,6 +20,7 @@ from splitinfer.shared.codecs import (
     JPEG,
     PNG,
     RAW,
+    ZSTD,
     Int8ZstdCodec,
     QuantParams,
     calibrate_params,
@@ -165,7 +166,7 @@ def test_quant_params_are_validated(scale: tuple, zero: tuple, axis: int, match:
 def test_unknown_codec_id() -> None:
     with pytest.raises(CodecError, match="unknown codec id 9"):
         get_codec(9)
-    assert set(DEFAULT_CODECS) == {RAW, FP16, INT8, INT8_ZSTD, PNG, JPEG, INT4_ZSTD}
+    assert set(DEFAULT_CODECS) == {RAW, FP16, INT8, INT8_ZSTD, PNG, JPEG, INT4_ZSTD, ZSTD}
 
 
 def _bomb(size: int, content_size: bool) -> bytes:
@@ -358,3 +359,34 @@ def test_a_zstd_payload_that_omits_its_content_size_is_refused(codec_id: int) ->
     assert zstandard.get_frame_parameters(unsized).content_size == zstandard.CONTENTSIZE_UNKNOWN
     with pytest.raises(CodecError, match="does not state its content size"):
         codec.decode(unsized, "float32", x.shape, p, LIMIT)
+
+
+def test_the_lossless_zstd_codec_carries_ids_and_masks_exactly_and_smaller() -> None:
+    codec = get_codec(ZSTD)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 30522, size=(2, 128), dtype=np.int64)
+    mask = np.ones((2, 128), np.int64)
+    flags = rng.random((3, 5)) > 0.5
+    for x in (ids, mask, flags, np.zeros((0, 4), np.int32), rng.standard_normal(7)):
+        payload = codec.encode(x)
+        y = codec.decode(payload, str(x.dtype), x.shape, None, LIMIT)
+        assert y.dtype == x.dtype
+        np.testing.assert_array_equal(y, x)
+    assert len(codec.encode(ids)) < ids.nbytes / 2  # token ids are mostly zero bytes
+    assert len(codec.encode(mask)) < 64
+
+
+def test_the_lossless_zstd_codec_refuses_bombs_and_lies() -> None:
+    codec = get_codec(ZSTD)
+    x = np.arange(16, dtype=np.int64)
+    good = codec.encode(x)
+    with pytest.raises(CodecError, match=r"claims 128 bytes, expected 256"):
+        codec.decode(good, "int64", (32,), None, LIMIT)
+    bomb = zstandard.ZstdCompressor().compress(bytes(1 << 20))  # 1 MiB of zeros, tiny
+    with pytest.raises(CodecError, match="exceeds"):
+        codec.decode(bomb, "int64", (1 << 17,), None, 1 << 16)
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(x.tobytes())
+    with pytest.raises(CodecError, match="does not state its content size"):
+        codec.decode(unsized, "int64", (16,), None, LIMIT)
+    with pytest.raises(CodecError):
+        codec.decode(good + b"\x00", "int64", (16,), None, LIMIT)  # bytes after the frame

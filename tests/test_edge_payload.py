@@ -203,3 +203,15 @@ def test_quant_axis_keeps_headers_small() -> None:
     assert quant_axis(np.zeros((2, MAX_WIRE_CHANNELS + 1))) is None
     assert quant_axis(np.zeros((2, 1))) is None
     assert quant_axis(np.zeros(5)) is None
+
+
+def test_ids_travel_zstd_under_a_zstd_cut_codec_and_raw_otherwise() -> None:
+    from types import SimpleNamespace
+
+    from splitinfer.edge.wire import wire_tensor
+    from splitinfer.shared.codecs import FP16, INT4_ZSTD, INT8_ZSTD, RAW, ZSTD, default_codecs
+
+    ids = np.arange(12, dtype=np.int64).reshape(2, 6)
+    for cut_codec, want in ((INT8_ZSTD, ZSTD), (INT4_ZSTD, ZSTD), (FP16, RAW), (RAW, RAW)):
+        rt = SimpleNamespace(codec_id=cut_codec, codecs=default_codecs(), quant={})
+        assert wire_tensor(rt, "ids", ids).codec == want  # type: ignore[arg-type]

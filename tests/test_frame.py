@@ -368,3 +368,24 @@ def test_an_unaligned_frame_from_another_encoder_still_decodes() -> None:
     for t, sent in zip(got.tensors, request().tensors, strict=True):
         assert t.array.flags.aligned
         np.testing.assert_array_equal(t.array, sent.array)
+
+
+def test_ids_under_a_zstd_cut_codec_travel_as_zstd_or_raw_and_nothing_else() -> None:
+    from splitinfer.shared.codecs import ZSTD
+    from splitinfer.shared.manifest import CodecSpec
+
+    ids = TensorSpec("ids", "int64", ("N", 6))
+    cut = replace(MANIFEST.cuts[1], id="c3", tensors=(ids,))
+
+    def manifest(codec: str) -> Manifest:
+        return replace(MANIFEST, cuts=(*MANIFEST.cuts, replace(cut, codec=CodecSpec(name=codec))))
+
+    values = np.arange(12, dtype=np.int64).reshape(2, 6)
+    for codec in (ZSTD, RAW):
+        sent = request(cut_id="c3", tensors=(WireTensor("ids", values, codec),))
+        got = decode_request(encode_request(sent), manifest("int8+zstd"), LIMITS, strict_codec=True)
+        assert got.tensors[0].codec == codec
+        np.testing.assert_array_equal(got.tensors[0].array, values)
+    zstd = encode_request(request(cut_id="c3", tensors=(WireTensor("ids", values, ZSTD),)))
+    with pytest.raises(ProtocolError, match=r"not the cut's codec \(raw, from the manifest\)"):
+        decode_request(zstd, manifest("fp16"), LIMITS, strict_codec=True)
