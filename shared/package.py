@@ -30,6 +30,7 @@ from splitinfer.shared.codecs import (
     PngCodec,
     QuantParams,
     RawCodec,
+    ZstdCodec,
 )
 from splitinfer.shared.errors import CodecError, PackageError
 from splitinfer.shared.manifest import (
@@ -87,6 +88,7 @@ class Package:
             PngCodec(),
             jpeg,
             int4,
+            ZstdCodec(),
         ]
         return CODEC_IDS[spec.name], {c.id: c for c in codecs}
 

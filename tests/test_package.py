@@ -12,7 +12,7 @@ import zstandard
 from graphs import residual
 
 from splitinfer.partitioner.pipeline import PackageExtras, artifacts_for, prepare, write_package
-from splitinfer.shared.codecs import INT8_ZSTD, RAW, calibrate_params
+from splitinfer.shared.codecs import INT8_ZSTD, RAW, calibrate_params, default_codecs
 from splitinfer.shared.errors import PackageError
 from splitinfer.shared.manifest import CodecSpec
 from splitinfer.shared.package import open_package, quant_params, quant_spec
@@ -54,6 +54,8 @@ def test_a_written_package_opens_with_its_codecs(package: Path) -> None:
     other = pkg.manifest.cuts[1]
     assert pkg.codec(other)[0] == RAW
     assert quant_params(other, other.tensors[0].name) is None
+    # the cut's registry holds every codec a peer may send (ids travel zstd, id 8)
+    assert set(codecs) == set(default_codecs())
 
 
 def test_a_tampered_segment_is_refused(package: Path) -> None:
