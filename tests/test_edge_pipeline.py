@@ -386,3 +386,51 @@ async def test_cheap_work_skips_the_pool_only_while_nothing_else_computes(
     for _ in range(3):
         await never.infer(x, cut="c2")
     assert never.inlined == 0
+
+
+async def test_token_ids_cross_zstd_compressed_and_come_back_exact(
+    tmp_path: Path, cloud_factory: CloudFactory
+) -> None:
+    """Cloud-only under int8+zstd: the int64 ids travel with the lossless zstd codec
+    (id 8) through the edge's own codec registry and the strict cloud, bit for bit."""
+    from graphs import f32
+    from graphs import make as make_graph
+    from onnx import TensorProto, helper
+
+    table = np.random.default_rng(3).standard_normal((50, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"]),
+        helper.make_node("ReduceSum", ["emb", "ax"], ["y"], keepdims=0),
+    ]
+    ids_vi = helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 6])
+    model = make_graph(
+        nodes, [ids_vi], [f32("y", ["N", 4])], {"table": table, "ax": np.array([1], np.int64)}
+    )
+    src = tmp_path / "ids.onnx"
+    onnx.save(model, str(src))
+    prepared = prepare(src)
+    art = artifacts_for(prepared, prepared.space.find("none"))
+    art.codec = CodecSpec("int8+zstd")
+    write_package(prepared, [art], tmp_path / "pkg")
+    pkg = tmp_path / "pkg"
+    sent: list[bytes] = []
+    cloud = (await cloud_factory(pkg)).transport("a")
+    forward = cloud.request
+
+    async def spy(
+        method: str, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float
+    ) -> Reply:
+        sent.append(body)
+        return await forward(method, path, body, headers, timeout_s)
+
+    cloud.request = spy  # type: ignore[method-assign]
+    pipe = make(pkg, [cloud])
+    ids = np.random.default_rng(4).integers(0, 50, size=(3, 6), dtype=np.int64)
+    result = await pipe.infer({"ids": ids})
+    assert result.cut_id == "c0"
+    assert_close(result.outputs, run(src, {"ids": ids}))
+    frame = decode_request(sent[0], open_package(pkg).manifest, Limits())
+    from splitinfer.shared.codecs import ZSTD
+
+    assert frame.tensors[0].codec == ZSTD
+    np.testing.assert_array_equal(frame.tensors[0].array, ids)
