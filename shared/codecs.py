@@ -297,24 +297,32 @@ class Int8ZstdCodec:
         params: QuantParams | None,
         max_bytes: int,
     ) -> Array:
-
         quant = _need(params, self)
         _check_dtype(dtype, self)
         count = _count(shape)
-        expected = self._payload_size(count)
-        if count * np.dtype(dtype).itemsize > max_bytes or len(data) > max_bytes:
-            raise CodecError(
-                f"{self.name}: tensor of shape {list(shape)} exceeds {max_bytes} bytes"
-            )
-        raw = _unzstd(data, expected, self._dict, self)
+        tensor_bytes = count * np.dtype(dtype).itemsize
+        raw = _unzstd(
+            data, self._payload_size(count), self._dict, self, shape, tensor_bytes, max_bytes
+        )
         quant.check_shape(shape)
         q = self._values(raw, count).reshape(shape)
         return dequantize(q, quant).astype(dtype, copy=False)
 
 
-def _unzstd(data: Buffer, expected: int, dictionary: Any, codec: Codec) -> bytes:
+def _unzstd(
+    data: Buffer,
+    expected: int,
+    dictionary: Any,
+    codec: Codec,
+    shape: tuple[int, ...],
+    tensor_bytes: int,
+    max_bytes: int,
+) -> bytes:
     """One zstd frame that states exactly ``expected`` bytes of content, decompressed;
-    :class:`CodecError` before any allocation if it claims another size or none."""
+    :class:`CodecError` before any allocation if the tensor (``tensor_bytes`` decoded)
+    or the frame is over ``max_bytes``, or the frame claims another size or none."""
+    if tensor_bytes > max_bytes or len(data) > max_bytes:
+        raise CodecError(f"{codec.name}: tensor of shape {list(shape)} exceeds {max_bytes} bytes")
     import zstandard
 
     try:
@@ -361,12 +369,12 @@ class ZstdCodec:
         self._params = zstandard.ZstdCompressionParameters.from_level(
             level, write_content_size=True, write_dict_id=False
         )
+        self._raw = RawCodec()
 
     def encode(self, array: Array, params: QuantParams | None = None) -> bytes:
         import zstandard
 
-        dtype = _wire_dtype(dtype_name(np.asarray(array).dtype), self)
-        raw = np.ascontiguousarray(array, dtype=dtype).tobytes()
+        raw = self._raw.encode(array)
         return zstandard.ZstdCompressor(compression_params=self._params).compress(raw)
 
     def decode(
@@ -377,15 +385,9 @@ class ZstdCodec:
         params: QuantParams | None,
         max_bytes: int,
     ) -> Array:
-        wire = _wire_dtype(dtype, self)
-        expected = _count(shape) * wire.itemsize
-        if expected > max_bytes or len(data) > max_bytes:
-            raise CodecError(
-                f"{self.name}: tensor of shape {list(shape)} exceeds {max_bytes} bytes"
-            )
-        raw = _unzstd(data, expected, None, self)
-        array = np.frombuffer(raw, dtype=wire).reshape(shape)
-        return array if wire.isnative else array.astype(dtype)
+        nbytes = _count(shape) * _wire_dtype(dtype, self).itemsize
+        raw = _unzstd(data, nbytes, None, self, shape, nbytes, max_bytes)
+        return self._raw.decode(raw, dtype, shape, None, max_bytes)
 
 
 class Int4ZstdCodec(Int8ZstdCodec):

@@ -7,6 +7,7 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
+from cloudkit import variable_length
 from graphs import f32, make, rand
 from onnx import helper
 from ortutil import run
@@ -28,7 +29,7 @@ def same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict) -
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
 
 
-def conv_bn_dropout() -> onnx.ModelProto:
+def conv_bn_dropout(cin: int = 3, cout: int = 4) -> onnx.ModelProto:
     nodes = [
         helper.make_node("Identity", ["x"], ["xi"]),
         helper.make_node("Conv", ["xi", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
@@ -39,15 +40,15 @@ def conv_bn_dropout() -> onnx.ModelProto:
         helper.make_node("Mul", ["d", "w2x2"], ["y"]),
     ]
     inits = {
-        "w": rand(4, 3, 3, 3),
-        "b": rand(4, seed=1),
-        "g": np.abs(rand(4, seed=2)) + 0.5,
-        "beta": rand(4, seed=3),
-        "mean": rand(4, seed=4),
-        "var": np.abs(rand(4, seed=5)) + 0.5,
-        "w2": rand(1, 4, 1, 1, seed=6),
+        "w": rand(cout, cin, 3, 3),
+        "b": rand(cout, seed=1),
+        "g": np.abs(rand(cout, seed=2)) + 0.5,
+        "beta": rand(cout, seed=3),
+        "mean": rand(cout, seed=4),
+        "var": np.abs(rand(cout, seed=5)) + 0.5,
+        "w2": rand(1, cout, 1, 1, seed=6),
     }
-    return make(nodes, [f32("x", ["N", 3, 8, 8])], [f32("y", ["N", 4, 8, 8])], inits)
+    return make(nodes, [f32("x", ["N", cin, 8, 8])], [f32("y", ["N", cout, 8, 8])], inits)
 
 
 def test_ort_basic_folds_bn_constants_identity_and_dropout() -> None:
@@ -134,23 +135,8 @@ def test_optimize_names_every_node_uniquely() -> None:
 def test_the_pipeline_keeps_large_weights_beside_the_graph_and_returns_them_in_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # a 64 KiB Conv weight (folded with its BatchNorm by ONNX Runtime) and a small one
-    nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-        helper.make_node("BatchNormalization", ["c", "g", "beta", "mean", "var"], ["bn"]),
-        helper.make_node("Relu", ["bn"], ["r"]),
-        helper.make_node("Conv", ["r", "w2"], ["y"]),
-    ]
-    inits = {
-        "w": rand(64, 64, 2, 2),
-        "b": rand(64, seed=1),
-        "g": np.abs(rand(64, seed=2)) + 0.5,
-        "beta": rand(64, seed=3),
-        "mean": rand(64, seed=4),
-        "var": np.abs(rand(64, seed=5)) + 0.5,
-        "w2": rand(8, 64, 1, 1, seed=6),
-    }
-    model = make(nodes, [f32("x", ["N", 64, 6, 6])], [f32("y", ["N", 8, 7, 7])], inits)
+    # a 81 KiB Conv weight (48 x 48 x 3 x 3, folded with its BatchNorm by ONNX Runtime)
+    model = conv_bn_dropout(cin=48, cout=48)
     seen: list[bool] = []
     slim_run = PASSES["onnxslim"]
 
@@ -166,7 +152,7 @@ def test_the_pipeline_keeps_large_weights_beside_the_graph_and_returns_them_in_i
         for t in out.graph.initializer
     )
     assert ops(out)["BatchNormalization"] == 0
-    same_outputs(model, out, {"x": rand(2, 64, 6, 6, seed=9)})
+    same_outputs(model, out, {"x": rand(2, 48, 8, 8, seed=9)})
     # the same model, pass by pass on their own, each reading its weights in place
     alone = model
     for name in DEFAULT_PIPELINE:
@@ -178,19 +164,8 @@ def test_the_pipeline_keeps_large_weights_beside_the_graph_and_returns_them_in_i
 def test_ort_basic_keeps_the_source_order_of_the_nodes() -> None:
     # x and mask feed three independent chains; ONNX Runtime's writer puts them in
     # another order, and the order numbers the cuts
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["h"]),
-        helper.make_node("Relu", ["h"], ["r"]),
-        helper.make_node("Unsqueeze", ["mask", "ax2"], ["m3"]),
-        helper.make_node("Mul", ["r", "m3"], ["rm"]),
-        helper.make_node("ReduceSum", ["rm", "ax1"], ["s"], keepdims=0),
-        helper.make_node("ReduceSum", ["mask", "ax1"], ["cnt"], keepdims=1),
-        helper.make_node("Div", ["s", "cnt"], ["y"]),
-    ]
-    inits = {"w": rand(4, 4), "ax2": np.array([2], np.int64), "ax1": np.array([1], np.int64)}
-    model = make(
-        nodes, [f32("x", ["N", "S", 4]), f32("mask", ["N", "S"])], [f32("y", ["N", 4])], inits
-    )
+    model = variable_length()
+    assert [n.output[0] for n in model.graph.node] == ["h", "r", "m3", "rm", "s", "cnt", "y"]
     out = PASSES["ort_basic"](model)
     assert [n.output[0] for n in out.graph.node] == ["h", "r", "m3", "rm", "s", "cnt", "y"]
 
