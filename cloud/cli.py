@@ -25,7 +25,7 @@ from typing import Any
 from splitinfer import __version__
 from splitinfer.cloud.config import ServiceConfig, build_config
 from splitinfer.cloud.server import serve
-from splitinfer.shared.cli import ArgumentParser, run_cli
+from splitinfer.shared.cli import ArgumentParser, add_debug_flag, run_cli
 from splitinfer.shared.options import add_flags, load_toml, merge_flags, set_key
 
 PROG = "cloud-service"
@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--print-config", action="store_true", help="print the effective config as JSON and exit"
     )
+    add_debug_flag(p)
     p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
     add_flags(p, ServiceConfig, "service")
     return p

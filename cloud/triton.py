@@ -39,7 +39,7 @@ import onnx
 
 from splitinfer.cloud.config import BatchingConfig, load_toml
 from splitinfer.cloud.config import build_config as build_service_config
-from splitinfer.shared.cli import ArgumentParser, run_cli
+from splitinfer.shared.cli import ArgumentParser, add_debug_flag, run_cli
 from splitinfer.shared.errors import ConfigError, PackageError
 from splitinfer.shared.manifest import Cut, Manifest
 from splitinfer.shared.package import Package, open_package
@@ -433,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="model instances per device (default 1)",
     )
     p.add_argument("--force", action="store_true", help="overwrite an existing version folder")
+    add_debug_flag(p)
     return p
 
 

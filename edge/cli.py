@@ -26,7 +26,7 @@ from typing import Any
 from splitinfer import __version__
 from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args
 from splitinfer.serving.sockets import ConnectionGate, bound_url, listen
-from splitinfer.shared.cli import ArgumentParser, run_cli
+from splitinfer.shared.cli import DEBUG_FLAG, ArgumentParser, add_debug_flag, run_cli
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.options import load_toml
 
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML file with these options")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
+    add_debug_flag(p)
     p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
     add_flags(p)
     return p
@@ -69,6 +70,7 @@ def profile_parser() -> argparse.ArgumentParser:
         choices=("cpu", "cuda", "tensorrt", "auto"),
         help="the provider to measure on (default cpu)",
     )
+    add_debug_flag(p)
     return p
 
 
@@ -138,8 +140,9 @@ async def serve(
 
 def _main(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "profile":
-        return profile(args[1:])
+    lead = 1 if args[:1] == [DEBUG_FLAG] else 0  # `edge-agent --debug profile ...`
+    if args[lead : lead + 1] == ["profile"]:
+        return profile(args[:lead] + args[lead + 1 :])
     config, ns = resolve(args)
     logging.basicConfig(
         level=ns.log_level.upper(), format=f"{PROG}: %(levelname)s %(name)s: %(message)s"

@@ -225,11 +225,14 @@ class AdaptConfig:
             raise ConfigError(f"adapt.alpha={self.alpha!r} must be a number in (0, 1]")
         from splitinfer.shared.links import parse_duration, parse_rate
 
-        for rate in (self.prior_uplink, self.prior_downlink):
+        for key, rate in (
+            ("prior_uplink", self.prior_uplink),
+            ("prior_downlink", self.prior_downlink),
+        ):
             if rate is not None:
-                parse_rate(rate)
+                parse_rate(rate, f"adapt.{key}")
         if self.prior_rtt is not None:
-            parse_duration(self.prior_rtt)
+            parse_duration(self.prior_rtt, "adapt.prior_rtt")
 
 
 @dataclass(frozen=True)

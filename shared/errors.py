@@ -3,7 +3,8 @@
 Every error a user can cause derives from :class:`SplitInferError`. The CLI maps
 each to a one-line message and exit code 2 (see :mod:`splitinfer.shared.cli`);
 the HTTP servers map each to a status code in one place. Anything else that
-escapes is a bug and keeps its traceback.
+escapes is a bug: the CLI says so in one line and exits 70 (its traceback with
+``--debug``).
 """
 
 from __future__ import annotations

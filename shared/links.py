@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,11 +75,28 @@ def _number(mantissa: str, exponent: str | None) -> float:
     return float(mantissa + (f"e{exponent}" if exponent else ""))
 
 
-def parse_rate(text: str) -> float:
-    """Bits per second of a rate such as ``5mbit``; :class:`ConfigError` if not understood."""
+def _refuse_negative(text: object, parse: Callable[[str], float], who: str) -> None:
+    """Raise ``WHO must not be negative (got TEXT)`` when ``text`` is a minus sign
+    followed by what ``parse`` reads; else return (the caller says what is wrong)."""
+    if not isinstance(text, str) or not text.strip().startswith("-"):
+        return
+    try:
+        parse(text.strip()[1:])
+    except ConfigError:
+        return
+    raise ConfigError(f"{who} must not be negative (got {text.strip()})")
+
+
+def parse_rate(text: str, name: str | None = None) -> float:
+    """Bits per second of a rate such as ``5mbit``; :class:`ConfigError` if not understood.
+
+    ``name`` (a flag such as ``--uplink``) leads every message when given.
+    """
+    lead = f"{name}: " if name else ""
     m = _RATE_RE.match(text) if isinstance(text, str) else None
     if m is None:
-        raise ConfigError(f"rate {text!r} not understood: write {RATE_FORMS}")
+        _refuse_negative(text, parse_rate, f"{name}:" if name else "rate")
+        raise ConfigError(f"{lead}rate {text!r} not understood: write {RATE_FORMS}")
     value = _number(m.group(1), m.group(2))
     unit = m.group(3)
     if unit.lower() in _BIT_UNITS:
@@ -89,37 +107,46 @@ def parse_rate(text: str) -> float:
         prefix = unit.lower().removesuffix("ps").removesuffix("b")
         byte_prefix = prefix if prefix == "k" else prefix.upper()
         raise ConfigError(
-            f"rate {text!r} is ambiguous, bits or bytes per second? (tc reads kbps as "
+            f"{lead}rate {text!r} is ambiguous, bits or bytes per second? (tc reads kbps as "
             f"kilobytes/s, most people as kilobits/s): write {value:g}{prefix}bit for bits/s "
             f"or {value:g}{byte_prefix}B/s for bytes/s"
         )
     else:
-        raise ConfigError(f"rate {text!r} not understood: write {RATE_FORMS}")
+        raise ConfigError(f"{lead}rate {text!r} not understood: write {RATE_FORMS}")
     if not (math.isfinite(bps) and bps > 0):
-        raise ConfigError(f"rate {text!r} must be greater than zero: write {RATE_FORMS}")
+        raise ConfigError(f"{lead}rate {text!r} must be greater than zero: write {RATE_FORMS}")
     return bps
 
 
-def parse_duration(text: str) -> float:
-    """Seconds of a duration such as ``50ms``; :class:`ConfigError` if not understood."""
+def parse_duration(text: str, name: str | None = None) -> float:
+    """Seconds of a duration such as ``50ms``; :class:`ConfigError` if not understood.
+
+    ``name`` (a flag such as ``--rtt``) leads every message when given.
+    """
+    lead = f"{name}: " if name else ""
     m = _DURATION_RE.match(text) if isinstance(text, str) else None
     if m is None or m.group(3) not in _DURATION_UNITS:
-        raise ConfigError(f"duration {text!r} not understood: write {DURATION_FORMS}")
+        _refuse_negative(text, parse_duration, f"{name}:" if name else "duration")
+        raise ConfigError(f"{lead}duration {text!r} not understood: write {DURATION_FORMS}")
     seconds = _number(m.group(1), m.group(2)) * _DURATION_UNITS[m.group(3)]
     if not math.isfinite(seconds):
-        raise ConfigError(f"duration {text!r} is not finite: write {DURATION_FORMS}")
+        raise ConfigError(f"{lead}duration {text!r} is not finite: write {DURATION_FORMS}")
     return seconds
 
 
 def _rate(value: float | str, name: str) -> float:
-    bps = parse_rate(value) if isinstance(value, str) else float(value)
+    bps = parse_rate(value, name) if isinstance(value, str) else float(value)
+    if bps < 0:
+        raise ConfigError(f"{name}: must not be negative (got {value!r})")
     if not (math.isfinite(bps) and bps > 0):
         raise ConfigError(f"{name}={value!r} must be a rate > 0, e.g. 5mbit")
     return bps
 
 
 def _duration(value: float | str, name: str) -> float:
-    seconds = parse_duration(value) if isinstance(value, str) else float(value)
+    seconds = parse_duration(value, name) if isinstance(value, str) else float(value)
+    if seconds < 0:
+        raise ConfigError(f"{name}: must not be negative (got {value!r})")
     if not (math.isfinite(seconds) and seconds >= 0):
         raise ConfigError(f"{name}={value!r} must be a duration >= 0, e.g. 50ms")
     return seconds

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from splitinfer import __version__
-from splitinfer.shared.cli import ArgumentParser, run_cli
+from splitinfer.shared.cli import ArgumentParser, add_debug_flag, run_cli
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import parse_duration
 from splitinfer.sim.config import Direction, LinkConfig, parse_outage
@@ -37,6 +37,7 @@ PROG = "netsim"
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Trace-driven network emulation for splitinfer.")
+    add_debug_flag(p)
     p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
     commands = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     commands.required = True
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument(
         "--report", default="0s", help="print counters at this interval, e.g. 1s (default: never)"
     )
+    add_debug_flag(link)
     link.set_defaults(run=_run_link)
     run = commands.add_parser(
         "run",
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", type=Path, default=None, help="output folder")
     run.add_argument("--no-plots", action="store_true", help="write report.json only")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    add_debug_flag(run)
     run.set_defaults(run=_run_scenario)
     cmp = commands.add_parser(
         "compare",
@@ -123,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--candidates", type=int, default=3, help="K of adaptive (default 3)")
     cmp.add_argument("-o", "--output", type=Path, default=Path("netsim-compare"))
     cmp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    add_debug_flag(cmp)
     cmp.set_defaults(run=_run_compare)
     return p
 
@@ -152,8 +156,8 @@ def link_config(args: argparse.Namespace) -> LinkConfig:
     return LinkConfig(
         uplink=parse_direction(args.uplink, "--uplink"),
         downlink=parse_direction(args.downlink, "--downlink"),
-        delay_ms=parse_duration(args.delay) * 1000.0,
-        jitter_ms=parse_duration(args.jitter) * 1000.0,
+        delay_ms=parse_duration(args.delay, "--delay") * 1000.0,
+        jitter_ms=parse_duration(args.jitter, "--jitter") * 1000.0,
         loss=args.loss,
         outages=tuple(parse_outage(o) for o in args.outage),
         queue_bytes=args.queue,
@@ -164,8 +168,8 @@ def link_config(args: argparse.Namespace) -> LinkConfig:
 def _run_link(args: argparse.Namespace) -> int:
     config = link_config(args)
     target = parse_target(args.target)
-    duration = parse_duration(args.duration) if args.duration is not None else None
-    report = parse_duration(args.report)
+    duration = parse_duration(args.duration, "--duration") if args.duration is not None else None
+    report = parse_duration(args.report, "--report")
     if not 0 <= args.listen < 65536:
         raise ConfigError(f"--listen {args.listen} must be a port number 0..65535")
     asyncio.run(_serve(config, target, args.host, args.listen, duration, report))
@@ -277,7 +281,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         link = LinkConfig(
             uplink=parse_direction(trace, "--traces"),
             downlink=parse_direction(args.downlink, "--downlink"),
-            delay_ms=parse_duration(args.delay) * 1000.0,
+            delay_ms=parse_duration(args.delay, "--delay") * 1000.0,
         )
         scenario = Scenario(
             model=args.model,
@@ -286,7 +290,9 @@ def _run_compare(args: argparse.Namespace) -> int:
             strategies=("edge-only", "cloud-only", "auto", "adaptive"),
             candidates=args.candidates,
             edge=EdgeSpec(slowdown=args.slowdown),
-            workload=WorkloadSpec(rate=args.rate, duration_s=parse_duration(args.duration)),
+            workload=WorkloadSpec(
+                rate=args.rate, duration_s=parse_duration(args.duration, "--duration")
+            ),
         )
         label = Path(trace).name
         say = _progress(args.quiet, f"[trace {i + 1}/{len(args.traces)} {label}] ")

@@ -116,8 +116,8 @@ class Direction:
             path = _path(text, base)
             if path.is_file():
                 return cls.from_trace(path)
-            if any(c.isdigit() for c in text[:1]):
-                raise  # "5mbps": the rate parser's own message says how to fix it
+            if text[:1].isdigit() or text[:1] in ("-", "."):
+                raise  # "5mbps", "-5mbit": the rate parser's own message says how to fix it
             raise ConfigError(
                 f"direction {text!r} is neither a rate nor a trace file ({path} does not "
                 f"exist): write {DIRECTION_FORMS}"
@@ -326,7 +326,7 @@ def _seconds(value: object, name: str) -> float:
         try:
             return float(value)
         except ValueError:
-            return parse_duration(value)
+            return parse_duration(value, name)
     if _is_number(value):
         return float(value)  # type: ignore[arg-type]
     raise ConfigError(f"{name}={value!r} must be a number of seconds or a duration, e.g. 10s")
@@ -334,7 +334,7 @@ def _seconds(value: object, name: str) -> float:
 
 def _milliseconds(value: object, name: str) -> float:
     if isinstance(value, str):
-        return parse_duration(value) * 1000.0
+        return parse_duration(value, name) * 1000.0
     if _is_number(value):
         return float(value)  # type: ignore[arg-type]
     raise ConfigError(f"{name}={value!r} must be a number of ms or a duration, e.g. 25ms")

@@ -225,7 +225,7 @@ def _take(table: dict[str, Any], where: str, known: tuple[str, ...]) -> None:
 
 def _seconds(value: object, name: str) -> float:
     if isinstance(value, str):
-        return parse_duration(value)
+        return parse_duration(value, name)
     return _number(value, name, low=0)
 
 

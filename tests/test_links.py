@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,7 +54,8 @@ def test_parse_rate_accepts_bit_and_byte_units(text: str, bps: float) -> None:
         ("fast", "not understood"),
         ("5 furlongs", "not understood"),
         ("5mbit/s/s", "not understood"),
-        ("-1mbit", "not understood"),
+        ("-1mbit", "rate must not be negative (got -1mbit)"),
+        ("-0mbit", "not understood"),
         ("0mbit", "greater than zero"),
         ("", "not understood"),
     ],
@@ -75,10 +77,47 @@ def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds, rel=1e-12)
 
 
-@pytest.mark.parametrize("text", ["50", "5m", "1h", "-1s", "ms", "1 minute"])
+@pytest.mark.parametrize("text", ["50", "5m", "1h", "-1h", "ms", "1 minute"])
 def test_parse_duration_refuses_bad_text(text: str) -> None:
     with pytest.raises(ConfigError, match=r"us, ms or s"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "name", "message"),
+    [
+        (parse_duration, "-5ms", "--rtt", "--rtt: must not be negative (got -5ms)"),
+        (parse_duration, " -1s ", None, "duration must not be negative (got -1s)"),
+        (parse_duration, "-.5s", "--delay", "--delay: must not be negative (got -.5s)"),
+        (parse_rate, "-5mbit", "--uplink", "--uplink: must not be negative (got -5mbit)"),
+        (parse_rate, "-500kB/s", None, "rate must not be negative (got -500kB/s)"),
+    ],
+)
+def test_negative_values_say_so(parse: Any, text: str, name: str | None, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(text, name)
+    assert str(info.value) == message
+
+
+def test_a_named_parse_names_the_flag_in_every_message() -> None:
+    with pytest.raises(ConfigError, match=r"^--rtt: duration 'soon' not understood"):
+        parse_duration("soon", "--rtt")
+    with pytest.raises(ConfigError, match=r"^--uplink: rate '5mbps' is ambiguous"):
+        parse_rate("5mbps", "--uplink")
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Link.fixed(-1e6, 1e6), "uplink: must not be negative (got -1000000.0)"),
+        (lambda: Link.fixed(1e6, 1e6, -0.01), "rtt: must not be negative (got -0.01)"),
+        (lambda: Link.fixed("1mbit", "1mbit", "-5ms"), "rtt: must not be negative (got -5ms)"),
+    ],
+)
+def test_link_refuses_negative_numbers(make: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert str(info.value) == message
 
 
 # -- traces -------------------------------------------------------------------------
