@@ -494,7 +494,7 @@ def _compute(
     produced = runner.runtime.run(feeds)
     seconds = time.perf_counter() - started
     outputs = {n: produced[n] if n in produced else feeds[n] for n in runner.outputs}
-    shares = split(outputs, rows)
+    shares = split(outputs, rows, runner.output_axes)
     if runner.pad is not None:
         shares = [
             runner.pad.unpad(s, n) if n is not None else s

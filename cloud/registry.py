@@ -31,7 +31,7 @@ from splitinfer.cloud.metrics import Metrics
 from splitinfer.cloud.overload import CircuitOpen, Rejected
 from splitinfer.cloud.repository import Candidate, HashCache, scan, select_versions, version_key
 from splitinfer.cloud.runtime import Runtime
-from splitinfer.cloud.tensors import PadPlan, batchable, bucket, pad_plan
+from splitinfer.cloud.tensors import PadPlan, batchable, bucket, output_axes, pad_plan
 from splitinfer.cloud.traffic import choose_version, stable_draw
 from splitinfer.shared.breaker import CircuitBreaker
 from splitinfer.shared.codecs import (
@@ -61,6 +61,8 @@ class CutRunner:
     outputs: tuple[str, ...]  # the manifest's outputs, in response order
     batchable: bool
     pad: PadPlan | None
+    #: Each output's batch axis (0 unless the model returns e.g. ``(T, N, C)``).
+    output_axes: dict[str, int] = field(default_factory=dict)
     latency: LatencyModel = field(default_factory=LatencyModel)
     inputs: tuple[str, ...] = field(init=False)  # the cut tensors' names, read per request
 
@@ -279,6 +281,7 @@ class Registry:
                 codecs=_codecs(cand.path, cut),
                 outputs=tuple(o.name for o in manifest.outputs),
                 batchable=batchable(cut, manifest.outputs, manifest.batch_dim),
+                output_axes=output_axes(manifest.outputs, manifest.batch_dim),
                 pad=pad_plan(cut, manifest.outputs, manifest.batch_dim)
                 if policy.pad_buckets
                 else None,
@@ -305,6 +308,9 @@ class Registry:
                         "version": v,
                         "state": "serving",
                         "cuts": list(lv.cuts),
+                        # cuts served one request per run (a fixed batch axis)
+                        "unbatched_cuts": [c for c, r in lv.cuts.items() if not r.batchable],
+                        "batch": lv.manifest.optimization.get("batch"),
                         "default_cut": lv.manifest.default_cut,
                         "providers": next(iter(lv.cuts.values())).runtime.providers,
                         "breaker": lv.breaker.state(self.clock()),

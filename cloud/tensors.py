@@ -78,10 +78,20 @@ def pad_plan(cut: Cut, outputs: Sequence[TensorSpec], batch_dim: str | None) -> 
 
 
 def batchable(cut: Cut, outputs: Sequence[TensorSpec], batch_dim: str | None) -> bool:
-    """True if every cut tensor and output leads with the batch dimension."""
+    """True if every cut tensor leads with the batch dimension and every output holds it
+    at exactly one axis (the first, or another: a ``(T, N, C)`` RNN or CTC head)."""
     if batch_dim is None:
         return False
-    return all(t.shape[:1] == (batch_dim,) for t in (*cut.tensors, *outputs))
+    if not all(t.shape[:1] == (batch_dim,) for t in cut.tensors):
+        return False
+    return all(o.shape.count(batch_dim) == 1 for o in outputs)
+
+
+def output_axes(outputs: Sequence[TensorSpec], batch_dim: str | None) -> dict[str, int]:
+    """The batch axis of each output that holds the batch dimension (0 for most)."""
+    if batch_dim is None:
+        return {}
+    return {o.name: o.shape.index(batch_dim) for o in outputs if batch_dim in o.shape}
 
 
 def sample_shape(arrays: Mapping[str, Array], names: Sequence[str]) -> tuple[tuple[int, ...], ...]:
@@ -95,13 +105,21 @@ def stack(parts: Sequence[Mapping[str, Array]], names: Sequence[str]) -> Arrays:
     return {n: np.concatenate([p[n] for p in parts], axis=0) for n in names}
 
 
-def split(outputs: Mapping[str, Array], rows: Sequence[int]) -> list[Arrays]:
-    """Each caller's share of a batch's outputs, as views along the batch axis."""
+def split(
+    outputs: Mapping[str, Array], rows: Sequence[int], axes: Mapping[str, int] | None = None
+) -> list[Arrays]:
+    """Each caller's share of a batch's outputs, as views along each output's batch axis
+    (``axes``, default 0)."""
     if len(rows) == 1:
         return [dict(outputs)]
-    shares: list[Arrays] = []
-    start = 0
-    for n in rows:
-        shares.append({k: v[start : start + n] for k, v in outputs.items()})
-        start += n
+    axes = axes or {}
+    shares: list[Arrays] = [{} for _ in rows]
+    for name, value in outputs.items():
+        axis = axes.get(name, 0)
+        start = 0
+        for share, n in zip(shares, rows, strict=True):
+            index = [slice(None)] * value.ndim
+            index[axis] = slice(start, start + n)
+            share[name] = value[tuple(index)]
+            start += n
     return shares

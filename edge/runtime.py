@@ -14,6 +14,11 @@ offers, what the device is, the config), so it is tested on a CPU box:
 * ``auto``: TensorRT on Jetson-class devices when the provider exists, else
   CUDA when present, else CPU.
 
+A segment that holds ops outside the default ONNX domain (the manifest's
+``nonstandard_ops``: a source model's ``com.microsoft`` op) is never given to
+TensorRT, which cannot build it: where TensorRT would run it, ONNX Runtime's
+CUDA (else CPU) provider does, and one log line says why (:func:`tensorrt_refusal`).
+
 Asking for a provider this build lacks is a :class:`ConfigError` naming the
 package to install. ``strict=True`` (``bench/gpu_check.py``) gives TensorRT no
 CUDA or CPU fallback: a segment it cannot take whole fails to load instead of
@@ -175,6 +180,16 @@ def select_providers(
     cuda: ProviderChoice = (CUDA, {"device_id": config.gpu})
     if want == "cuda":
         return [cuda, cpu]
+    refusal = tensorrt_refusal(segment)
+    if refusal is not None:
+        if strict:
+            raise ConfigError(refusal)
+        log.warning(
+            "%s; running it on ONNX Runtime's %s provider",
+            refusal,
+            "CUDA" if CUDA in have else "CPU",
+        )
+        return [cuda, cpu] if CUDA in have else [cpu]
     if TENSORRT not in have:
         raise ConfigError(
             "runtime.provider=tensorrt, but this onnxruntime has no TensorrtExecutionProvider; "
@@ -201,6 +216,17 @@ def select_providers(
     if strict:
         return [trt]
     return [trt, cuda, cpu] if CUDA in have else [trt, cpu]
+
+
+def tensorrt_refusal(segment: Segment) -> str | None:
+    """Why TensorRT cannot run ``segment`` (one line), or None when it can as far as the
+    manifest tells: a segment holding ops outside the default ONNX domain needs ONNX Runtime."""
+    if not segment.needs_onnxruntime:
+        return None
+    return (
+        f"{segment.file}: TensorRT cannot run {', '.join(segment.nonstandard_ops)} "
+        "(not a default-domain ONNX op; the package marks the segment ONNX Runtime only)"
+    )
 
 
 class SegmentRunner:

@@ -77,6 +77,9 @@ class TensorInfo:
     dims: tuple[tuple[int, ...], ...] = ()
     is_input: bool = False
     is_initializer: bool = False
+    #: The axis that follows the batch (and nothing else does): 0 for a batched tensor,
+    #: another for e.g. an RNN's ``(T, N, C)`` output; None when no axis does.
+    batch_axis: int | None = None
     #: A non-batched integer vector (a shape value) that was the same in every run,
     #: flattened; the cloud gets it as a constant instead of recomputing it.
     value: tuple[int, ...] | None = None
@@ -295,9 +298,44 @@ def _infer_types(model: onnx.ModelProto, shell: WeightShell) -> None:
         inferred = onnx.shape_inference.infer_shapes(shell.model, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError) as exc:
         raise ModelError(f"shape inference failed: {str(exc).splitlines()[0]}") from exc
+    known = _runtime_types(inferred, shell)
     for m in (model, shell.model):
         del m.graph.value_info[:]
         m.graph.value_info.extend(inferred.graph.value_info)
+        m.graph.value_info.extend(known)
+
+
+def _runtime_types(inferred: onnx.ModelProto, shell: WeightShell) -> list[onnx.ValueInfoProto]:
+    """Types (no shapes) from ONNX Runtime of the node outputs ONNX's shape inference left
+    untyped: those of ops outside its schemas (``com.microsoft::DynamicQuantizeLSTM``),
+    declared as the graph's outputs of a session on the shell. [] when none is missing
+    or ONNX Runtime cannot tell (the caller names the tensor)."""
+    g = inferred.graph
+    typed = {
+        vi.name
+        for vi in (*g.value_info, *g.output, *g.input)
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type
+    }
+    typed.update(t.name for t in g.initializer)
+    missing = [o for node in g.node for o in node.output if o and o not in typed]
+    if not missing:
+        return []
+    probe = onnx.ModelProto()
+    probe.CopyFrom(shell.model)  # the shell: the large weights carry no data
+    del probe.graph.output[:]
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in missing)
+    try:
+        opts = shell.options(optimize="none", log_severity=4, arena=False)
+        sess = open_session(probe.SerializeToString(), options=opts)
+    except Exception:  # ORT's own exception types; the caller names the untyped tensor
+        return []
+    out = []
+    for o in sess.get_outputs():
+        kind = str(o.type)
+        if kind.startswith("tensor(") and kind.endswith(")"):
+            elem = onnx.TensorProto.DataType.Value(kind[7:-1].upper())
+            out.append(helper.make_tensor_value_info(o.name, elem, None))
+    return out
 
 
 def _free_groups(
@@ -371,6 +409,15 @@ def _classify(
     else:
         info.batched = bool(first) and first[0] == static_batch
     info.sample_shape = tuple(first[1:]) if info.batched else tuple(first)
+    if info.batched:
+        info.batch_axis = 0
+    elif batch_sig is not None and info.dims.count(batch_sig) == 1:
+        # batched along another axis (nothing else moves with the batch): one sample is
+        # the shape without that axis
+        axis = info.dims.index(batch_sig)
+        if all(x == y for k, (x, y) in enumerate(zip(first, shapes[1], strict=True)) if k != axis):
+            info.batch_axis = axis
+            info.sample_shape = tuple(d for k, d in enumerate(first) if k != axis)
     symbolic: list[Dim] = []
     for axis, sig in enumerate(info.dims):
         if batch_sig is not None and sig == batch_sig and (axis == 0 or not info.batched):

@@ -81,8 +81,27 @@ def run_many(
     results = []
     for feed in feeds:
         wanted = {i.name: feed[i.name] for i in sess.get_inputs()}
-        results.append(dict(zip(names, sess.run(names, wanted), strict=True)))
+        results.append(dict(zip(names, run_rows(sess, names, wanted), strict=True)))
     return results
+
+
+def run_rows(sess: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+    """``sess.run``; on a model whose inputs declare a fixed batch of 1 (one that does not
+    run batched, see :mod:`.batch`), stacked samples run one row at a time and the answers
+    are joined along axis 0."""
+    fixed = [
+        i.name
+        for i in sess.get_inputs()
+        if i.shape and i.shape[0] == 1 and np.ndim(feeds[i.name]) and len(feeds[i.name]) > 1
+    ]
+    if not fixed:
+        return list(sess.run(list(names), dict(feeds)))
+    rows = len(feeds[fixed[0]])
+    parts = [
+        sess.run(list(names), {**feeds, **{n: feeds[n][r : r + 1] for n in fixed}})
+        for r in range(rows)
+    ]
+    return [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
 
 
 def _exposing(prepared: Prepared, model: onnx.ModelProto, where: Mapping[str, str]) -> Any:
@@ -223,7 +242,8 @@ def node_times(
         host = measure_nodes(
             a.model,
             feeds_for,
-            batch_sizes=(1, 8),
+            # a fixed batch axis runs one request per run: the cloud never batches it
+            batch_sizes=(1, 8) if a.batch_symbol is not None else (1,),
             runs=7,
             warmup=2,
             analysis=a,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from splitinfer.partitioner.cuts import CutPlan
@@ -36,12 +38,28 @@ from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import Link, parse_duration, parse_rate
 
 if TYPE_CHECKING:
-    from splitinfer.partitioner.auto import AutoOptions
+    from splitinfer.partitioner.auto import AutoOptions, AutoResult
     from splitinfer.partitioner.wirecodec import InputCodec
+    from splitinfer.shared.manifest import Manifest
     from splitinfer.shared.preprocess import PreprocessSpec
 
-__all__ = ["build_parser", "cut_rows", "format_costs", "format_table", "main"]
+__all__ = [
+    "LIST_CUTS_SCHEMA",
+    "Listing",
+    "Written",
+    "build_parser",
+    "cut_rows",
+    "format_costs",
+    "format_table",
+    "list_cuts_document",
+    "main",
+    "run",
+]
 
+#: Version of the ``--list-cuts --json`` object; bumped when a field changes meaning.
+LIST_CUTS_FORMAT = 1
+#: Its JSON Schema (draft 2020-12).
+LIST_CUTS_SCHEMA = Path(__file__).with_name("list_cuts.schema.json")
 #: Rooflines the --list-cuts min-cuts are priced with unless --edge/--cloud-profile say.
 LIST_EDGE_PROFILE = "raspberry-pi-5"
 LIST_CLOUD_PROFILE = "l4"
@@ -100,50 +118,144 @@ def format_table(
     return "\n".join(lines)
 
 
-def _list_cuts(req: PartitionRequest, prepared: Prepared, progress: Progress) -> int:
+@dataclass(frozen=True)
+class Listing:
+    """What ``--list-cuts`` found: the CLI prints it, :func:`splitinfer.list_cuts` returns it."""
+
+    prepared: Prepared
+    plans: list[CutPlan]
+    #: Past ``--max-cuts``: why each listed cut is worth a look (None: every cut is listed).
+    why: Mapping[str, str] | None
+    #: How many valid cuts there are (a lower bound when not ``exact``).
+    count: int
+    exact: bool
+    #: The line under the table past ``--max-cuts`` (None: every cut is listed).
+    note: str | None
+    #: The table's "valid cuts:" text past ``--max-cuts``.
+    total: str | None
+
+    def document(self) -> dict[str, Any]:
+        """The ``--list-cuts --json`` object."""
+        return list_cuts_document(
+            self.prepared, self.plans, self.why, count=self.count, exact=self.exact, note=self.note
+        )
+
+    def text(self) -> str:
+        """The ``--list-cuts`` table and the notes under it."""
+        lines = [format_table(self.prepared, self.plans, why=self.why, total=self.total)]
+        if self.note is not None:
+            lines.append(self.note)
+        if self.prepared.nonstandard_ops:
+            lines.append(nonstandard_note(self.prepared.nonstandard_ops))
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Written:
+    """A package ``--split`` wrote: what the CLI prints and :func:`splitinfer.partition`
+    returns. ``auto`` is the cost model's answer with ``--split auto`` (None for a fixed cut)."""
+
+    output: Path
+    manifest: Manifest
+    summary: str
+    auto: AutoResult | None = None
+
+
+def _list_cuts(req: PartitionRequest, prepared: Prepared, progress: Progress) -> Listing:
     """Every cut when there are at most --max-cuts; else the ones a person would consider."""
     progress("enumerating cuts")
     space = prepared.space
     plans = space.exhaustive()
+    why: Mapping[str, str] | None = None
+    note: str | None = None
     if plans is not None:
-        if req.json:
-            print(json.dumps(cut_rows(prepared, plans), indent=2))
-        else:
-            print(format_table(prepared, plans))
-        return 0
-    from splitinfer.partitioner.costmodel import DEFAULT_CODEC_RATIO
-    from splitinfer.partitioner.cutsearch import list_candidates
-
-    progress(f"more than {space.max_cuts} cuts (--max-cuts): counting them, then min-cuts")
-    count, exact = space.count()
-    edge = req.edge_profile or LIST_EDGE_PROFILE
-    cloud = req.cloud_profile or LIST_CLOUD_PROFILE
-    plans, why, found = list_candidates(space, edge, cloud, DEFAULT_CODEC_RATIO)
-    total = f"{count:,}" if exact else f"at least {count:,}"
-    how = "counted, not listed" if exact else "a lower bound, too many to count"
-    note = (
-        f"{total} cuts in all ({how}: the down-sets of the unit order in which no tensor "
-        "that cannot cross would cross; a rare one may still fail to plan), more than "
-        f"--max-cuts {space.max_cuts}; showing {len(plans)}: all cloud, all edge, the "
-        f"single-tensor cuts, the latency min-cuts at {found.points} uplink rates "
-        f"(rooflines of {edge} and {cloud}, float tensors / {DEFAULT_CODEC_RATIO:g} on the "
-        "wire) and the fewest-bytes cut per depth band"
-    )
-    if req.json:
-        out = {"valid_cuts": count, "exact": exact, "max_cuts": space.max_cuts, "note": note,
-               "cuts": cut_rows(prepared, plans, why)}  # fmt: skip
-        print(json.dumps(out, indent=2))
+        count, exact, total = len(plans), True, None
     else:
-        print(format_table(prepared, plans, why=why, total=f"{total} ({how})"))
-        print(note)
-    return 0
+        from splitinfer.partitioner.costmodel import DEFAULT_CODEC_RATIO
+        from splitinfer.partitioner.cutsearch import list_candidates
+
+        progress(f"more than {space.max_cuts} cuts (--max-cuts): counting them, then min-cuts")
+        count, exact = space.count()
+        edge = req.edge_profile or LIST_EDGE_PROFILE
+        cloud = req.cloud_profile or LIST_CLOUD_PROFILE
+        plans, why, found = list_candidates(space, edge, cloud, DEFAULT_CODEC_RATIO)
+        shown = f"{count:,}" if exact else f"at least {count:,}"
+        how = "counted, not listed" if exact else "a lower bound, too many to count"
+        total = f"{shown} ({how})"
+        note = (
+            f"{shown} cuts in all ({how}: the down-sets of the unit order in which no tensor "
+            "that cannot cross would cross; a rare one may still fail to plan), more than "
+            f"--max-cuts {space.max_cuts}; showing {len(plans)}: all cloud, all edge, the "
+            f"single-tensor cuts, the latency min-cuts at {found.points} uplink rates "
+            f"(rooflines of {edge} and {cloud}, float tensors / {DEFAULT_CODEC_RATIO:g} on the "
+            "wire) and the fewest-bytes cut per depth band"
+        )
+    return Listing(prepared, plans, why, count, exact, note, total)
+
+
+def nonstandard_note(ops: Sequence[str]) -> str:
+    """The one line ``--list-cuts`` prints when the source holds non-standard ops."""
+    return (
+        f"note: the source holds non-standard ops {', '.join(ops)}: a segment holding them "
+        "runs on ONNX Runtime, not TensorRT"
+    )
+
+
+def list_cuts_document(
+    prepared: Prepared,
+    plans: Sequence[CutPlan],
+    why: Mapping[str, str] | None,
+    *,
+    count: int,
+    exact: bool,
+    note: str | None,
+) -> dict[str, Any]:
+    """``--list-cuts --json``: one object, whether every cut is listed or not.
+
+    Its JSON Schema is ``list_cuts.schema.json`` beside this module (:data:`LIST_CUTS_SCHEMA`).
+    """
+    return {
+        "format": LIST_CUTS_FORMAT,
+        "model": prepared.source.path.name,
+        "valid_cuts": count,
+        "exact": exact,
+        "max_cuts": prepared.space.max_cuts,
+        "listed": len(plans),
+        "note": note,
+        "optimization": {
+            "nodes_before": prepared.nodes_before,
+            "nodes_after": prepared.nodes_after,
+            "units": len(prepared.space.units),
+            "passes": [
+                {"name": r.name, "nodes_before": r.nodes_before, "nodes_after": r.nodes_after}
+                for r in prepared.passes
+            ],
+        },
+        "nonstandard_ops": list(prepared.nonstandard_ops),
+        "cuts": cut_rows(prepared, plans, why),
+    }
 
 
 def _main(argv: Sequence[str] | None) -> int:
     req = PartitionRequest.from_argv(argv)
     progress = (lambda _m: None) if req.quiet else stderr_progress
+    done = run(req, progress)
+    if isinstance(done, Written):
+        print(done.summary)
+    elif req.json:
+        print(json.dumps(done.document(), indent=2))
+    else:
+        print(done.text())
+    return 0
+
+
+def run(req: PartitionRequest, progress: Progress) -> Listing | Written:
+    """Do what a checked request asks, printing nothing (the CLI and the Python API both
+    call it): the cuts with ``--list-cuts``, else the package written."""
     shapes = parse_input_shapes(list(req.input_shape))
-    prepared = prepare(req.model, shapes, max_cuts=req.max_cuts, progress=progress)
+    prepared = prepare(
+        req.model, shapes, passes=req.passes, max_cuts=req.max_cuts, progress=progress
+    )
     if req.list_cuts:
         return _list_cuts(req, prepared, progress)
     preprocessing = _preprocessing(req.preprocess, prepared)
@@ -159,7 +271,7 @@ def _fixed(
     preprocessing: dict[str, PreprocessSpec],
     input_codec: InputCodec | None,
     progress: Progress,
-) -> int:
+) -> Written:
     """``--split CUT``: that cut, at ``--precision`` (int8 in ``--edge-profile``'s recipe)."""
     assert req.split is not None
     assert req.output is not None
@@ -195,13 +307,13 @@ def _fixed(
     sides = ", ".join(
         f"{seg.file} {seg.nodes} nodes" for seg in (cut.edge, cut.cloud) if seg is not None
     )
-    print(
+    summary = (
         f"cut {plan.id} ({plan.kind}): {len(plan.crossing)} tensor(s), "
         f"{plan.bytes_per_sample:,} bytes/sample; edge {plan.edge_flops / 1e6:.2f} MFLOPs, "
         f"cloud {plan.cloud_flops / 1e6:.2f} MFLOPs -> {req.output} "
         f"({sides})"
     )
-    return 0
+    return Written(req.output, manifest, summary)
 
 
 def _input_codec(req: PartitionRequest, prepared: Prepared) -> InputCodec | None:
@@ -289,7 +401,9 @@ def _options(req: PartitionRequest, preprocessing: dict[str, PreprocessSpec]) ->
 
     if req.trace is not None:
         link = Link.from_trace(
-            req.trace, rtt_s=parse_duration(req.rtt), downlink_bps=parse_rate(req.downlink)
+            req.trace,
+            rtt_s=parse_duration(req.rtt, "--rtt"),
+            downlink_bps=parse_rate(req.downlink, "--downlink"),
         )
     else:
         link = Link.fixed(req.uplink, req.downlink, req.rtt)
@@ -298,7 +412,7 @@ def _options(req: PartitionRequest, preprocessing: dict[str, PreprocessSpec]) ->
         privacy = privacy_spec(req.epsilon, req.delta, req.clip)
     constraints = Constraints(
         edge_memory_bytes=req.edge_memory_bytes,
-        max_latency_s=parse_duration(req.max_latency) if req.max_latency else None,
+        max_latency_s=parse_duration(req.max_latency, "--max-latency") if req.max_latency else None,
         max_accuracy_drop=req.max_accuracy_drop,
     )
     return AutoOptions(
@@ -335,7 +449,7 @@ def _auto(
     prepared: Prepared,
     preprocessing: dict[str, PreprocessSpec],
     progress: Progress,
-) -> int:
+) -> Written:
     from splitinfer.partitioner.auto import auto_split
 
     assert req.output is not None
@@ -347,11 +461,10 @@ def _auto(
     manifest = write_package(
         prepared, result.artifacts, req.output, extras=extras, progress=progress
     )
-    print(format_costs(result.table, limit=12))
-    print(f"cut search: {result.search}")
+    lines = [format_costs(result.table, limit=12), f"cut search: {result.search}"]
     c = result.chosen
     others = [x.plan.id for x in result.artifacts[1:]]
-    print(
+    lines.append(
         f"chose {c.cut_id} ({c.kind}) for {opts.link.describe()} by {opts.objective}: "
         f"edge {c.edge_s * 1e3:.2f} ms, {c.up_bytes:,} B up, cloud {c.cloud_s * 1e3:.2f} ms"
         + (f"; run-time candidates {', '.join(others)}" if others else "")
@@ -366,8 +479,8 @@ def _auto(
             req.report,
             f"{prepared.source.path.name} at {opts.link.describe()}",
         )
-        print(f"report: {req.report}")
-    return 0
+        lines.append(f"report: {req.report}")
+    return Written(req.output, manifest, "\n".join(lines), result)
 
 
 def format_costs(rows: list[dict[str, Any]], limit: int = 12) -> str:

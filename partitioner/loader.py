@@ -153,14 +153,17 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def dims_of(vi: onnx.ValueInfoProto) -> list[int | str | None]:
-    """Dimensions of a value: an int, a symbol name, or None where unknown."""
+    """Dimensions of a value: an int, a symbol name, or None where unknown.
+
+    Exporters write an unknown size several ways: no value, ``-1`` or ``0`` as a value
+    (PaddlePaddle's ``[-1, 3, ?, ?]``), or ``?`` as a name; all are None here."""
     out: list[int | str | None] = []
     if not vi.type.tensor_type.HasField("shape"):
         return out
     for d in vi.type.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value > 0:
             out.append(int(d.dim_value))
-        elif d.HasField("dim_param"):
+        elif d.HasField("dim_param") and d.dim_param not in ("", "?"):
             out.append(d.dim_param)
         else:
             out.append(None)

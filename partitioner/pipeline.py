@@ -16,9 +16,15 @@ import onnx
 
 from splitinfer import __version__
 from splitinfer.partitioner.analysis import GraphAnalysis, analyse
+from splitinfer.partitioner.batch import BatchAxis, forget_declared_shapes, free_batch
 from splitinfer.partitioner.cuts import DEFAULT_MAX_CUTS, CutPlan, CutSpace
 from splitinfer.partitioner.loader import LoadedModel, dims_of, load_model, sha256_file
-from splitinfer.partitioner.passes import DEFAULT_PIPELINE, PassReport, optimize
+from splitinfer.partitioner.passes import (
+    DEFAULT_PIPELINE,
+    PassReport,
+    nonstandard_ops,
+    optimize,
+)
 from splitinfer.partitioner.segments import cloud_model, edge_model
 from splitinfer.partitioner.verify import candidates_for, verify
 from splitinfer.shared.errors import PackageError
@@ -50,6 +56,12 @@ class Prepared:
     passes: list[PassReport]
     analysis: GraphAnalysis
     space: CutSpace
+    #: Ops outside the default ONNX domain that the source model already holds
+    #: (``domain::op_type``, sorted): they pass through untouched, and a segment that
+    #: holds one needs ONNX Runtime (TensorRT has no kernel for them).
+    nonstandard_ops: tuple[str, ...] = ()
+    #: The batch axis: declared free, freed from a declared 1, or fixed (see :mod:`.batch`).
+    batch: BatchAxis = field(default_factory=lambda: BatchAxis("symbolic"))
 
     @property
     def nodes_before(self) -> int:
@@ -70,6 +82,10 @@ def prepare(
 ) -> Prepared:
     progress(f"loading {model_path}")
     source = load_model(model_path)
+    forget_declared_shapes(source.model)
+    batch = free_batch(source.model, input_shapes or {})
+    if batch.note is not None:
+        progress(f"note: {batch.note}")
     progress(f"optimizing ({', '.join(passes) or 'no passes'})")
     optimized, reports = optimize(source.model, passes)
     progress("analysing shapes with ONNX Runtime")
@@ -81,7 +97,8 @@ def prepare(
                 f"{fd.size}); the segments are fixed to that size"
             )
     space = CutSpace(analysis, max_cuts=max_cuts)
-    return Prepared(source, optimized, reports, analysis, space)
+    ops = nonstandard_ops(optimized)  # the source's: a pass that adds one is refused
+    return Prepared(source, optimized, reports, analysis, space, nonstandard_ops=ops, batch=batch)
 
 
 def tensor_spec(analysis: GraphAnalysis, name: str) -> TensorSpec:
@@ -164,6 +181,7 @@ def _segment(path: Path, root: Path, precision: str) -> Segment:
         outputs=tuple(vi.name for vi in model.graph.output),
         nodes=len(model.graph.node),
         precision=precision,
+        nonstandard_ops=nonstandard_ops(model),
     )
 
 
@@ -230,6 +248,8 @@ def build_manifest(
             "passes": [r.name for r in prepared.passes],
             "nodes_before": prepared.nodes_before,
             "nodes_after": prepared.nodes_after,
+            # declared free, freed from a declared 1, or fixed (served one request per run)
+            "batch": prepared.batch.to_json(),
         },
         preprocessing=dict(extras.preprocessing),
         tool_version=__version__,
@@ -312,7 +332,14 @@ def verify_arts(
         exact = art.tensors is None and art.edge_precision == art.cloud_precision == "fp32"
         cands.extend(candidates_for(prepared.analysis, art.plan, art.edge, art.cloud, exact))
     source = prepared.source
-    verify(source.model, prepared.analysis, cands, progress, source_path=str(source.path))
+    verify(
+        source.model,
+        prepared.analysis,
+        cands,
+        progress,
+        source_path=str(source.path),
+        per_sample=prepared.batch.mode == "freed",
+    )
 
 
 def _swap_into_place(tmp: Path, out_dir: Path) -> None:

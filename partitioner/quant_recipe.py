@@ -97,6 +97,71 @@ def output_guards(model: onnx.ModelProto) -> list[str]:
     ]
 
 
+#: The default ONNX domain; an op outside it (``com.microsoft::Gelu``, ...) stays fp32.
+_DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+
+
+def foreign_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the nodes outside the default ONNX domain, kept fp32 under every recipe.
+
+    A source model's contrib op (``com.microsoft::DynamicQuantizeLSTM``) passes through
+    untouched: the quantizer keys its op registry by op type alone, and has no int8 form
+    of such an op to give it.
+    """
+    return [n.name for n in model.graph.node if n.name and n.domain not in _DEFAULT_DOMAINS]
+
+
+#: What ONNX Runtime's quantizer names the tensors and nodes it adds for a tensor T
+#: (T_quantized, T_scale, T_zero_point, T_QuantizeLinear, T_DequantizeLinear_Output, ...).
+QUANTIZER_SUFFIXES = (
+    "_quantized",
+    "_scale",
+    "_zero_point",
+    "_QuantizeLinear",
+    "_DequantizeLinear",
+)
+
+
+def quantizer_clashes(model: onnx.ModelProto) -> dict[str, str]:
+    """New names for the inner tensors and nodes whose names the quantizer may also give.
+
+    A model quantized before (ddddocr's, dynamically: ``140_quantized``, ``140_scale``
+    from a ``140_QuantizeLinear`` node) holds such names, and the quantizer would add a
+    second tensor or node of one name ("Graph is not a DAG"). Graph inputs and outputs
+    keep theirs. Empty for most models; :func:`rename` applies it (and its inverse).
+    """
+    g = model.graph
+    keep = {vi.name for vi in (*g.input, *g.output)}
+    taken = keep | {t.name for t in g.initializer} | {n.name for n in g.node}
+    taken.update(o for n in g.node for o in n.output)
+    mapping: dict[str, str] = {}
+    for name in sorted(taken - keep):
+        if name and any(s in name for s in QUANTIZER_SUFFIXES):
+            new = name.replace("_", ".")  # every suffix starts with "_"
+            while new in taken:
+                new += "."
+            taken.add(new)
+            mapping[name] = new
+    return mapping
+
+
+def rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
+    """Rename tensors and nodes of ``model``'s top-level graph by ``mapping``, in place."""
+    if not mapping:
+        return
+    g = model.graph
+    for node in g.node:
+        node.name = mapping.get(node.name, node.name)
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                if name in mapping:
+                    field[i] = mapping[name]
+    for t in g.initializer:
+        t.name = mapping.get(t.name, t.name)
+    for vi in g.value_info:
+        vi.name = mapping.get(vi.name, vi.name)
+
+
 def fp32_nodes(model: onnx.ModelProto, config: QuantConfig) -> list[str]:
     """Names of the nodes ``config`` keeps fp32: stems and depthwise convolutions.
 
@@ -234,6 +299,8 @@ def tensorrt_nodes(model: onnx.ModelProto) -> list[str]:
     for node in model.graph.node:
         data = [t for t in node.input[:2] if t]
         if not node.name or not data or not all(is_float(t) for t in data):
+            continue
+        if node.domain not in _DEFAULT_DOMAINS:
             continue
         if node.op_type in TENSORRT_WEIGHTED_OPS or (
             node.op_type == "Add"

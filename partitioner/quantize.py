@@ -2,8 +2,11 @@
 
 QDQ ONNX is the one INT8 format: ONNX Runtime runs it on CPU (fusing each
 DequantizeLinear → op → QuantizeLinear group into an integer kernel at session
-creation) and TensorRT builds an engine from its explicit Q/DQ nodes. It holds
-default-domain ops only. The recipe follows the target (:func:`config_for`):
+creation) and TensorRT builds an engine from its explicit Q/DQ nodes. It adds
+default-domain ops only; an op outside that domain the segment already holds (a
+source model's contrib op) stays fp32, and such a segment runs on ONNX Runtime
+only. A model quantized before keeps its own names
+(:func:`~.quant_recipe.quantizer_clashes`). The recipe follows the target (:func:`config_for`):
 u8s8 where ORT's CPU kernels want it, s8s8 with TensorRT's placement for
 TensorRT, checked against :mod:`.trt_rules`.
 
@@ -51,9 +54,12 @@ from splitinfer.partitioner.quant_ranges import (
 from splitinfer.partitioner.quant_recipe import (
     CPU_INT8_OPS,
     TENSORRT_WEIGHTED_OPS,
+    foreign_nodes,
     fp32_nodes,
     global_pool,
     output_guards,
+    quantizer_clashes,
+    rename,
     tensorrt_nodes,
     without_pass_through,
 )
@@ -236,11 +242,16 @@ def _restore_io(result: onnx.ModelProto, source: onnx.ModelProto) -> None:
     result.graph.output.extend(source.graph.output)
 
 
-def _check_qdq(model: onnx.ModelProto) -> None:
-    foreign = sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node if n.domain})
-    if foreign:
+def _foreign(model: onnx.ModelProto) -> set[str]:
+    return {f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain not in ("", "ai.onnx")}
+
+
+def _check_qdq(model: onnx.ModelProto, source: onnx.ModelProto) -> None:
+    """Refuse non-standard ops the quantizer added (those ``source`` holds stay, fp32)."""
+    added = sorted(_foreign(model) - _foreign(source))
+    if added:
         raise ModelError(
-            f"the quantized model uses non-standard ops {', '.join(foreign)}; TensorRT "
+            f"the quantized model uses non-standard ops {', '.join(added)}; TensorRT "
             "could not build it"
         )
 
@@ -251,8 +262,11 @@ def _pre_process(src: Path, pre: Path, symbolic: bool = True) -> None:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     if symbolic:
+        # where symbolic inference fails, ORT dumps the model (sym_shape_infer_temp.onnx and
+        # a <uuid>.data of its weights) into the working folder: make that src's temporary one
         try:
-            quant_pre_process(str(src), str(pre), skip_optimization=True)
+            with contextlib.chdir(src.resolve().parent):
+                quant_pre_process(str(src.resolve()), str(pre.resolve()), skip_optimization=True)
             return
         except Exception:  # symbolic inference fails on some graphs; ONNX's alone will do
             pass
@@ -350,7 +364,8 @@ def quantize_model(
     feeds = _check_samples(model, samples)
     activation_type = QuantType.QUInt8 if config.activations == "u8s8" else QuantType.QInt8
     inherited = None
-    if ranges is not None and ranges.fits(config, len(feeds)):
+    clashes = quantizer_clashes(model)  # names a model quantized before holds
+    if ranges is not None and ranges.fits(config, len(feeds)) and not clashes:
         inherited = _inherit(model, ranges)
 
     with tempfile.TemporaryDirectory(prefix="splitinfer-quant-") as tmp:
@@ -358,7 +373,10 @@ def quantize_model(
         with _quiet_quantizer():
             try:
                 if inherited is None:
-                    onnx.save(without_pass_through(model), str(src))
+                    work = without_pass_through(model)
+                    rename(work, clashes)
+                    onnx.save(work, str(src))
+                    del work
                     _pre_process(src, pre)
                     prepared = onnx.load(str(pre))
                 else:
@@ -389,7 +407,9 @@ def quantize_model(
                         calibration_cache_path=cache,
                         op_types_to_quantize=list(config.op_types) if config.op_types else None,
                         nodes_to_quantize=chosen,
-                        nodes_to_exclude=fp32_nodes(prepared, config) + output_guards(prepared),
+                        nodes_to_exclude=fp32_nodes(prepared, config)
+                        + output_guards(prepared)
+                        + foreign_nodes(prepared),
                     )
             except Exception as exc:  # the quantizer raises bare ValueError/RuntimeError...
                 raise ModelError(f"INT8 quantization failed: {_reason(exc)}") from exc
@@ -397,9 +417,14 @@ def quantize_model(
 
     if not any(n.op_type == "QuantizeLinear" for n in result.graph.node):
         return _copy(model)
+    if clashes:  # the source's names back, where the quantizer did not take them
+        g = result.graph
+        present = {n.name for n in g.node} | {o for n in g.node for o in n.output}
+        present.update(t.name for t in g.initializer)
+        rename(result, {new: old for old, new in clashes.items() if old not in present})
     _strip_unused_opsets(result)
     _restore_io(result, model)
-    _check_qdq(result)
+    _check_qdq(result, model)
     onnx.checker.check_model(result)
     if config.placement == "tensorrt":
         _check_tensorrt(result)

@@ -19,9 +19,11 @@ from pathlib import Path
 
 from splitinfer import __version__
 from splitinfer.partitioner.cuts import DEFAULT_MAX_CUTS
-from splitinfer.shared.cli import ArgumentParser
+from splitinfer.partitioner.passes import DEFAULT_PIPELINE, PASSES
+from splitinfer.shared.cli import ArgumentParser, add_debug_flag
 from splitinfer.shared.costs import OBJECTIVES
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.links import parse_duration, parse_rate
 from splitinfer.shared.manifest import PRECISIONS
 from splitinfer.shared.options import add_flags, build, merge_flags, option
 
@@ -43,6 +45,17 @@ AUTO_ONLY = (
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 _SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20}
 _SIZE["gib"] = 2**30
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?[bB]|[bB])?\s*")
+
+
+def parse_size(text: str, name: str) -> int:
+    """Bytes of a size such as ``512MB``, ``2GiB`` or ``800000``; ``name`` is the flag."""
+    m = _SIZE_RE.fullmatch(text)
+    if not m:
+        if text.strip().startswith("-") and _SIZE_RE.fullmatch(text.strip()[1:]):
+            raise ConfigError(f"{name}: must not be negative (got {text.strip()})")
+        raise ConfigError(f"{name} {text!r}: use a byte count like 512MB, 2GiB or 800000")
+    return int(float(m.group(1)) * _SIZE[(m.group(2) or "").lower()])
 
 
 def _flag(name: str) -> str:
@@ -191,6 +204,16 @@ class PartitionRequest:
         "--list-cuts shows the cuts worth a look and --split auto chooses by minimum cut",
         metavar="MAX_CUTS",
     )
+    skip_pass: tuple[str, ...] = option(
+        (),
+        "leave this optimization pass out (repeatable); the passes, in the order they run: "
+        f"{', '.join(DEFAULT_PIPELINE)}",
+        repeat=True,
+        metavar="NAME",
+    )
+    no_optimize: bool = option(
+        False, "run no optimization pass: partition the model as it is loaded"
+    )
     quiet: bool = option(False, "no progress on stderr", short="-q")
 
     def __post_init__(self) -> None:
@@ -200,6 +223,13 @@ class PartitionRequest:
             raise ConfigError("one of the arguments --list-cuts --split is required")
         if self.max_cuts < 1:
             raise ConfigError("--max-cuts must be at least 1")
+        unknown = [n for n in self.skip_pass if n not in PASSES]
+        if unknown:
+            raise ConfigError(
+                f"--skip-pass {unknown[0]!r}: no such optimization pass; known: {', '.join(PASSES)}"
+            )
+        if self.no_optimize and self.skip_pass:
+            raise ConfigError("--no-optimize already leaves every pass out; drop --skip-pass")
         if self.split is not None and self.output is None:
             raise ConfigError("--split needs -o/--output DIR")
         if self.list_cuts:
@@ -210,6 +240,13 @@ class PartitionRequest:
             self._check_fixed_cut()
         if self.edge_memory is not None:
             self.edge_memory_bytes  # noqa: B018 - parses it, a bad size is refused here
+        # the link flags are read only by the cost model, but a bad one is refused
+        # here, before the model loads, and named
+        parse_rate(self.uplink, "--uplink")
+        parse_rate(self.downlink, "--downlink")
+        parse_duration(self.rtt, "--rtt")
+        if self.max_latency is not None:
+            parse_duration(self.max_latency, "--max-latency")
 
     def _check_list_cuts(self) -> None:
         if self.output is not None:
@@ -248,6 +285,14 @@ class PartitionRequest:
         return self.split == "auto"
 
     @property
+    def passes(self) -> tuple[str, ...]:
+        """The optimization passes to run: the default pipeline less ``--skip-pass``,
+        none with ``--no-optimize``."""
+        if self.no_optimize:
+            return ()
+        return tuple(n for n in DEFAULT_PIPELINE if n not in self.skip_pass)
+
+    @property
     def edge_precision(self) -> str:
         """``--precision``, else int8 for ``--split auto`` and fp32 for a fixed cut."""
         return self.precision or ("int8" if self.auto else "fp32")
@@ -256,12 +301,7 @@ class PartitionRequest:
     def edge_memory_bytes(self) -> int | None:
         if self.edge_memory is None:
             return None
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?[bB]|[bB])?\s*", self.edge_memory)
-        if not m:
-            raise ConfigError(
-                f"--edge-memory {self.edge_memory!r}: use a byte count like 512MB, 2GiB or 800000"
-            )
-        return int(float(m.group(1)) * _SIZE[(m.group(2) or "").lower()])
+        return parse_size(self.edge_memory, "--edge-memory")
 
     @classmethod
     def from_argv(cls, argv: Sequence[str] | None) -> PartitionRequest:
@@ -277,5 +317,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Optimize an ONNX model and cut it into an edge and a cloud segment.",
     )
     add_flags(p, PartitionRequest, negatable=False)
+    add_debug_flag(p)
     p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
     return p

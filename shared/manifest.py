@@ -53,7 +53,13 @@ CUT_KINDS = ("none", "all", "split")
 
 @dataclass(frozen=True)
 class Segment:
-    """One ONNX file of the package and the tensor names it takes and gives."""
+    """One ONNX file of the package and the tensor names it takes and gives.
+
+    ``nonstandard_ops``: the ops outside the default ONNX domain it holds
+    (``domain::op_type``, sorted; the source model's own, such as
+    ``com.microsoft::DynamicQuantizeLSTM``). A segment with any needs ONNX Runtime:
+    TensorRT cannot build it. Optional; absent in the JSON when empty.
+    """
 
     file: str
     sha256: str
@@ -61,6 +67,12 @@ class Segment:
     outputs: tuple[str, ...]
     nodes: int
     precision: str = "fp32"
+    nonstandard_ops: tuple[str, ...] = ()
+
+    @property
+    def needs_onnxruntime(self) -> bool:
+        """True when TensorRT cannot run this segment (it holds a non-standard op)."""
+        return bool(self.nonstandard_ops)
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Segment:
@@ -70,6 +82,13 @@ class Segment:
         precision = obj.get("precision", "fp32")
         if precision not in PRECISIONS:
             raise PackageError(f"{where}.precision: {precision!r} is not one of {PRECISIONS}")
+        ops = obj.get("nonstandard_ops", [])
+        if not isinstance(ops, list) or not all(
+            isinstance(op, str) and "::" in op.strip(":") for op in ops
+        ):
+            raise PackageError(
+                f"{where}.nonstandard_ops: expected a list of 'domain::op_type', got {ops!r}"
+            )
         return cls(
             file=file,
             sha256=_field(obj, "sha256", str, where),
@@ -77,6 +96,7 @@ class Segment:
             outputs=tuple(_field(obj, "outputs", list, where)),
             nodes=_field(obj, "nodes", int, where),
             precision=precision,
+            nonstandard_ops=tuple(ops),
         )
 
 
@@ -396,6 +416,10 @@ class Manifest:
         data = asdict(self)
         if not data["preprocessing"]:  # optional: absent rather than empty
             del data["preprocessing"]
+        segments = [data["fallback"], *(c[r] for c in data["cuts"] for r in ("edge", "cloud"))]
+        for seg in segments:
+            if seg is not None and not seg["nonstandard_ops"]:  # likewise
+                del seg["nonstandard_ops"]
         ordered = {"format": data.pop("format"), "format_version": data.pop("format_version")}
         ordered.update(data)
         return json.dumps(ordered, indent=2) + "\n"

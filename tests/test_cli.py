@@ -51,7 +51,9 @@ def test_list_cuts_table_reports_node_counts(
 
 def test_list_cuts_json(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(model), "--list-cuts", "--json", "-q"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["format"], doc["valid_cuts"], doc["exact"], doc["note"]) == (1, 5, True, None)
+    rows = doc["cuts"]
     assert [r["id"] for r in rows] == ["c0", "c1", "c2", "c3", "c4"]
     for row in rows:
         assert {"id", "tensors", "bytes_per_sample", "edge_flops", "cloud_flops"} <= set(row)
@@ -166,6 +168,26 @@ def test_bad_flags(
     assert message in error_of(capsys, [str(model), *extra])
 
 
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--rtt", "-5ms"),
+        ("--max-latency", "-80ms"),
+        ("--uplink", "-5mbit"),
+        ("--downlink", "-1.5Mbit/s"),
+        ("--edge-memory", "-512MB"),
+    ],
+)
+def test_negative_values_say_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    """Refused by name before the model is read (it does not exist here)."""
+    argv = [str(tmp_path / "never-read.onnx"), "--split", "auto", "-o", "o", f"{flag}={value}"]
+    assert error_of(capsys, argv) == (
+        f"partition: error: {flag}: must not be negative (got {value})"
+    )
+
+
 def test_the_request_is_built_and_checked_before_the_model_is_read(tmp_path: Path) -> None:
     """Flag rules live in PartitionRequest: a bad combination fails without a model."""
     import dataclasses
@@ -214,4 +236,4 @@ def test_console_script_exit_code_and_single_line(model: Path, tmp_path: Path) -
         timeout=120,
         check=True,
     )
-    assert len(json.loads(ok.stdout)) == 5
+    assert len(json.loads(ok.stdout)["cuts"]) == 5

@@ -380,7 +380,9 @@ def test_max_cuts_bounds_the_full_list(tmp_path: Path, capsys: pytest.CaptureFix
     path = tmp_path / "res.onnx"
     onnx.save(residual(), str(path))  # 5 cuts
     assert main([str(path), "--list-cuts", "--max-cuts", "5", "--json", "-q"]) == 0
-    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [f"c{i}" for i in range(5)]
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in listed["cuts"]] == [f"c{i}" for i in range(5)]
+    assert (listed["listed"], listed["valid_cuts"], listed["note"]) == (5, 5, None)
     assert main([str(path), "--list-cuts", "--max-cuts", "4", "-q"]) == 0
     out = capsys.readouterr().out
     assert "valid cuts: 5 (counted, not listed)" in out

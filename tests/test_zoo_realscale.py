@@ -65,7 +65,7 @@ class Case:
             argv = [str(self.path), "--list-cuts", "--json", "-q", *self.shape_args]
             rc, out = _cli(argv)
             assert rc == 0
-            self.listed = json.loads(out)
+            self.listed = json.loads(out)["cuts"]
         return self.listed
 
     def configs(self) -> list[tuple[int, dict[str, int]]]:
