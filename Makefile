@@ -21,6 +21,14 @@ $(STAMP): pyproject.toml
 	command -v redis-server >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }; } || \
 		echo "no redis-server: the shared nonce store tests will skip"
+	@# promtool checks deploy/prometheus/ (Debian's prometheus package ships it)
+	command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }; } || \
+		echo "no promtool: the Prometheus config and alert rule tests will skip"
+	@# headless chromium screenshots the daemons' status pages (a slow test; Debian package)
+	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }; } || \
+		echo "no chromium: the status page screenshot test will skip"
 	touch $(STAMP)
 
 # The main job on ddddocr's trained captcha recogniser (a few minutes; docs/demo.md);
@@ -43,7 +51,7 @@ typecheck: $(STAMP)
 	@mkdir -p build/typecheck && ln -sfn ../.. build/typecheck/splitinfer
 	MYPYPATH=build/typecheck $(BIN)/mypy -p splitinfer.shared -p splitinfer.serving -p splitinfer.partitioner \
 		-p splitinfer.edge -p splitinfer.cloud -p splitinfer.sim -p splitinfer.models -m splitinfer.demo \
-		-m splitinfer.demo_ocr -m splitinfer.demo_plots -m splitinfer.demo_digits
+		-m splitinfer.demo_ocr -m splitinfer.demo_plots -m splitinfer.demo_digits -m splitinfer.completion
 
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from splitinfer.shared.cli import run_cli
+from splitinfer.shared.cli import add_debug_flag, run_cli
 from splitinfer.shared.contract import HEADER_CUT, HEADER_LOCAL
 from splitinfer.shared.errors import ConfigError
 from splitinfer.sim.daemon import Daemon, command
@@ -291,7 +291,8 @@ def _daemons(log_dir: Path) -> Iterator[Daemons]:
         daemons.stop()
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``splitinfer-demo``'s flags (also read by ``splitinfer.completion``)."""
     parser = argparse.ArgumentParser(prog="splitinfer-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("out/demo"), help="working folder")
     parser.add_argument(
@@ -320,7 +321,12 @@ def _main(argv: Sequence[str] | None) -> int:
         help="per-request epsilon of the private run (default 64: weak protection, but "
         "where the adapted digits model still answers; see docs/privacy.md)",
     )
-    args = parser.parse_args(argv)
+    add_debug_flag(parser)
+    return parser
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
     if args.samples is None:
         args.samples = 450 if args.quick else 120
     if args.samples < 1 or args.streams < 1:

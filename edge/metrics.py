@@ -53,6 +53,9 @@ class EdgeMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in ("cut", "cloud_unavailable", "privacy"):
+            # at 0 from the start, so that increase() in an alert counts the first one
+            self.local.labels(reason)
         self.rejected = Counter(
             "splitinfer_edge_rejected", "Requests refused at once: the queue was full.", registry=r
         )

@@ -65,7 +65,7 @@ EXTERNAL = frozenset(
 )
 #: shell keywords and builtins a block may use around our commands
 SHELL = frozenset(
-    {".", "source", "cd", "export", "until", "while", "do", "done", "if", "then", "fi"}
+    {".", "source", "cd", "export", "for", "until", "while", "do", "done", "if", "then", "fi"}
 )
 
 
@@ -202,6 +202,14 @@ def _check_python(args: list[str]) -> list[str]:
         except SyntaxError as exc:
             return [f"python -c does not compile: {exc}"]
         return []
+    if args[:1] == ["-m"] and len(args) > 1:
+        # python -m splitinfer.X: a module of the package, defining every flag given
+        parts = args[1].split(".")
+        script = ROOT.joinpath(*parts[1:]).with_suffix(".py")
+        if parts[0] != "splitinfer" or not script.is_file():
+            return [f"no module {args[1]} in the package"]
+        source = script.read_text(encoding="utf-8")
+        return [f"{args[1]} has no {f}" for f in flags(args[2:]) if f'"{f}"' not in source]
     script = ROOT / args[0]
     if not script.is_file():
         return [f"no script {args[0]}"]
