@@ -51,7 +51,8 @@ typecheck: $(STAMP)
 	@mkdir -p build/typecheck && ln -sfn ../.. build/typecheck/splitinfer
 	MYPYPATH=build/typecheck $(BIN)/mypy -p splitinfer.shared -p splitinfer.serving -p splitinfer.partitioner \
 		-p splitinfer.edge -p splitinfer.cloud -p splitinfer.sim -p splitinfer.models -m splitinfer.demo \
-		-m splitinfer.demo_ocr -m splitinfer.demo_plots -m splitinfer.demo_digits -m splitinfer.completion
+		-m splitinfer.demo_ocr -m splitinfer.demo_plots -m splitinfer.demo_digits -m splitinfer.completion \
+		-m splitinfer.api
 
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
