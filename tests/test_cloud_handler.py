@@ -10,6 +10,7 @@ wrong codec for its cut is refused.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -211,3 +212,27 @@ async def test_the_ray_ingress_reads_starlettes_stream() -> None:
     assert body == b"abcd"
     with pytest.raises(ClientGone):
         await read_body(StarletteBody(chunks(True)), declared=8, limit=10, timeout_s=5)
+
+    from ray.exceptions import TaskCancelledError
+
+    async def dropped() -> AsyncIterator[bytes]:  # Serve's proxy forgot the request
+        yield b"ab"
+        raise TaskCancelledError
+
+    with pytest.raises(ClientGone):
+        await read_body(StarletteBody(dropped()), declared=8, limit=10, timeout_s=5)
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b"ab"
+        await asyncio.Event().wait()
+        yield b""
+
+    # Serve cancels the ingress's request when its client leaves: mid-body, it is cut off
+    stream = StarletteBody(stalled())
+    reading = asyncio.ensure_future(read_body(stream, declared=8, limit=10, timeout_s=5))
+    await asyncio.sleep(0)
+    assert not stream.cut_off
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    assert stream.cut_off

@@ -33,6 +33,8 @@ from typing import Any
 from multidict import CIMultiDict
 from prometheus_client import Counter
 from ray import serve
+from ray.exceptions import TaskCancelledError
+from starlette.requests import ClientDisconnect
 
 from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.engine import Engine
@@ -48,6 +50,7 @@ from splitinfer.cloud.scale.routing import (
     open_version,
     reply_for,
 )
+from splitinfer.serving.body import ClientGone
 from splitinfer.shared.auth import CredentialStore
 from splitinfer.shared.contract import Reply
 
@@ -156,9 +159,14 @@ class Ingress:
             path += "?" + query.decode("latin-1")
         headers: Mapping[str, str] = CIMultiDict(request.headers.items())
         remote = request.client.host if request.client else ""
-        reply = await self.handler(
-            request.method, path, headers, StarletteBody(request.stream()), remote
-        )
+        body = StarletteBody(request.stream())
+        try:
+            reply = await self.handler(request.method, path, headers, body, remote)
+        except asyncio.CancelledError:
+            # Serve cancels a request whose client left; mid-body, that is an aborted upload
+            if body.cut_off:
+                self.backend.aborted()
+            raise
         return Response(content=reply.body, status_code=reply.status, headers=dict(reply.headers))
 
     async def _call(self, model: str, key: str, method: str, *args: Any) -> Reply:
@@ -195,16 +203,32 @@ class Ingress:
 
 
 class StarletteBody:
-    """Starlette's ``request.stream()`` as the handler's body stream (``readany``)."""
+    """Starlette's ``request.stream()`` as the handler's body stream (``readany``).
+
+    Read only when the handler asks: after the signature headers pass, into the
+    guard's reservation of bytes in flight (what Serve's proxy forwards before
+    that waits in Serve's receive queue, dropped with the request; see
+    docs/scale-out.md). A client gone mid-body reaches the ingress as Starlette's
+    ``ClientDisconnect``, as Ray's ``TaskCancelledError`` (Serve's proxy dropped
+    the request while the ingress was fetching its next chunk), or as the
+    ingress's own cancellation; the first two become
+    :class:`~splitinfer.serving.body.ClientGone`, the last sets ``cut_off``.
+    """
 
     def __init__(self, chunks: AsyncIterator[bytes]) -> None:
         self._chunks = chunks
+        self.cut_off = False
 
     async def readany(self) -> bytes:
         try:
             return await anext(self._chunks)
         except StopAsyncIteration:
             return b""
+        except (ClientDisconnect, TaskCancelledError) as exc:
+            raise ClientGone(f"client went away mid-body: {type(exc).__name__}") from None
+        except asyncio.CancelledError:
+            self.cut_off = True
+            raise
 
 
 # -- building and running -----------------------------------------------------------------
