@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
+from splitinfer.partitioner.batch import RowSession
 from splitinfer.shared.errors import ConfigError, ModelError
 from splitinfer.shared.ortsession import open_session
 
@@ -60,7 +61,7 @@ class Agreement:
 
 
 def _session(model: onnx.ModelProto, optimize: bool) -> Any:
-    return open_session(model, optimize="all" if optimize else "none")
+    return RowSession(open_session(model, optimize="all" if optimize else "none"))
 
 
 def _run_all(model: onnx.ModelProto, samples: Sequence[Feed], optimize: bool) -> list[list[Array]]:

@@ -168,6 +168,7 @@ def _feed(vi: onnx.ValueInfoProto, shape: list[int], rng: np.random.Generator) -
 def analyse(model: onnx.ModelProto, overrides: dict[str, list[int]]) -> GraphAnalysis:
     """Infer types, run the graph at two batch sizes and at a second size of each
     free dimension, classify every tensor."""
+    _check_batch_leads(graph_inputs(model), _batch_symbol(graph_inputs(model)))
     sample_shapes = analysis_input_shapes(model, overrides)
     shell = WeightShell(model)
     _infer_types(model, shell)
@@ -376,6 +377,22 @@ def _batch_symbol(inputs: list[onnx.ValueInfoProto]) -> str | None:
     return None
 
 
+def _check_batch_leads(inputs: list[onnx.ValueInfoProto], batch_symbol: str | None) -> None:
+    """Refuse, in one line, an input that holds the batch symbol on another axis than its
+    first (a recurrent state ``[2, batch, 128]``): requests are batched along axis 0."""
+    if batch_symbol is None:
+        return
+    for vi in inputs:
+        dims = dims_of(vi)
+        if batch_symbol in dims[1:]:
+            shape = "x".join("?" if d is None else str(d) for d in dims)
+            raise ModelError(
+                f"input {vi.name!r} ({shape}) holds the batch dimension {batch_symbol!r} on "
+                f"axis {dims.index(batch_symbol, 1)}, not its first (a recurrent state?): "
+                "splitinfer batches requests along the first axis of every input"
+            )
+
+
 def _static_batch(inputs: list[onnx.ValueInfoProto]) -> int | None:
     for vi in inputs:
         dims = dims_of(vi)
@@ -498,8 +515,23 @@ class _ShapeProber:
         except Exception as exc:  # ORT's own exception types
             where = f"batch {batch}, " if batch is not None else ""
             sizes = ", ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in feeds.items())
+            hint = ""
+            if batch is not None and batch > 1:
+                # an input whose batch sits on an unnamed later axis (a state [2, ?, 128]
+                # fixed to 1 by --input-shape) stays at 1 when the batch grows
+                held = [
+                    f"{vi.name!r} axis {k}"
+                    for vi in self.inputs
+                    for k, d in enumerate(dims_of(vi))
+                    if k > 0 and not isinstance(d, int) and feeds[vi.name].shape[k] == 1
+                ]
+                if held:
+                    hint = (
+                        f" (does {' or '.join(held)} hold the batch? splitinfer batches "
+                        "requests along the first axis of every input)"
+                    )
             raise ModelError(
-                f"ONNX Runtime cannot run the model at {where}{sizes}: {_first(exc)}"
+                f"ONNX Runtime cannot run the model at {where}{sizes}: {_first(exc)}{hint}"
             ) from exc
         result = {n: tuple(int(d) for d in v) for n, v in zip(self.names, values, strict=False)}
         small = values[len(self.names) :]

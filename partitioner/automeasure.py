@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from splitinfer.partitioner.batch import RowSession
 from splitinfer.partitioner.calibration import load_calibration, synthetic_calibration
 from splitinfer.partitioner.cuts import CutPlan
-from splitinfer.partitioner.pipeline import Prepared
+from splitinfer.partitioner.pipeline import Prepared, synthetic_shapes
 from splitinfer.shared.manifest import TensorSpec
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def samples(
         "no --calibration folder: calibrating INT8 and measuring quality on SYNTHETIC random "
         "inputs; scales, agreement and the chosen cut may not hold for real data"
     )
-    shapes = {k: (1, *v) for k, v in a.sample_input_shapes.items()}
+    shapes = synthetic_shapes(a)
     return synthetic_calibration(inputs, opts.synthetic_samples, opts.seed, shapes)
 
 
@@ -64,7 +65,13 @@ def stack(samples: Sequence[Feed]) -> Feed:
 def session(model: onnx.ModelProto, optimize: bool) -> Any:
     from splitinfer.shared.ortsession import open_session
 
-    return open_session(model, optimize="all" if optimize else "none", name="a segment")
+    return RowSession(open_session(model, optimize="all" if optimize else "none", name="a segment"))
+
+
+def _axis(prepared: Prepared, name: str) -> int:
+    """The axis along which ``name``'s values of several runs join: its batch axis."""
+    info = prepared.analysis.tensors.get(name)
+    return info.batch_axis or 0 if info is not None else 0
 
 
 def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], optimize: bool) -> Feed:
@@ -81,27 +88,8 @@ def run_many(
     results = []
     for feed in feeds:
         wanted = {i.name: feed[i.name] for i in sess.get_inputs()}
-        results.append(dict(zip(names, run_rows(sess, names, wanted), strict=True)))
+        results.append(dict(zip(names, sess.run(names, wanted), strict=True)))
     return results
-
-
-def run_rows(sess: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
-    """``sess.run``; on a model whose inputs declare a fixed batch of 1 (one that does not
-    run batched, see :mod:`.batch`), stacked samples run one row at a time and the answers
-    are joined along axis 0."""
-    fixed = [
-        i.name
-        for i in sess.get_inputs()
-        if i.shape and i.shape[0] == 1 and np.ndim(feeds[i.name]) and len(feeds[i.name]) > 1
-    ]
-    if not fixed:
-        return list(sess.run(list(names), dict(feeds)))
-    rows = len(feeds[fixed[0]])
-    parts = [
-        sess.run(list(names), {**feeds, **{n: feeds[n][r : r + 1] for n in fixed}})
-        for r in range(rows)
-    ]
-    return [np.concatenate([p[k] for p in parts]) for k in range(len(names))]
 
 
 def _exposing(prepared: Prepared, model: onnx.ModelProto, where: Mapping[str, str]) -> Any:
@@ -204,8 +192,8 @@ def exposed_values(
     for k, feed in enumerate(feeds):
         parts = [o for (j, _), o in zip(slices, outs, strict=True) if j == k]
         values = {
-            name: np.concatenate([np.asarray(o[exposed]) for o in parts])
-            for name, exposed in where.items()
+            name: np.concatenate([np.asarray(o[e]) for o in parts], axis=_axis(prepared, name))
+            for name, e in where.items()
         }
         values.update({n: feed[n] for n in names if n in inputs})
         results.append(values)

@@ -18,6 +18,7 @@ output), and a pass that trusts it folds the graph to the wrong answer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,3 +184,52 @@ def _random(vi: onnx.ValueInfoProto, shape: list[int], rng: np.random.Generator)
     if values.ndim >= 2:
         values[:, 0] = 1
     return values
+
+
+# -- running a fixed batch on stacked samples ------------------------------------------
+
+
+class RowSession:
+    """An ONNX Runtime session whose ``run`` takes stacked samples even where the model's
+    inputs declare a fixed batch of 1 (:func:`run_rows`); all else is the session's."""
+
+    def __init__(self, sess: Any) -> None:
+        self._sess = sess
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sess, name)
+
+    def run(self, names: Sequence[str] | None, feeds: Mapping[str, Any], *_: Any) -> list[Any]:
+        wanted = [o.name for o in self._sess.get_outputs()] if names is None else names
+        return run_rows(self._sess, wanted, feeds)
+
+
+def run_rows(sess: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+    """``sess.run``; on a model whose inputs declare a fixed leading size (a batch of 1
+    that does not run batched, see :mod:`.batch`, or an RNN state ``[2, 1, 128]``),
+    samples stacked along axis 0 (each with its own leading size) run one sample at a
+    time and the answers are joined along axis 0."""
+    counts: dict[str, int] = {}
+    for i in sess.get_inputs():
+        lead = i.shape[0] if i.shape else None
+        value = feeds.get(i.name)
+        if not isinstance(lead, int) or lead < 1 or value is None or np.ndim(value) == 0:
+            continue
+        if len(value) > lead and len(value) % lead == 0:
+            counts[i.name] = len(value) // lead
+    rows = set(counts.values())
+    if not rows:
+        return list(sess.run(list(names), dict(feeds)))
+    if len(rows) > 1:
+        raise ModelError(
+            "stacked samples disagree on how many there are: "
+            + ", ".join(f"{k} holds {v}" for k, v in counts.items())
+        )
+    (n,) = rows
+    size = {k: len(feeds[k]) // n for k in counts}
+
+    def sample(r: int) -> dict[str, Any]:
+        return {**feeds, **{k: feeds[k][r * size[k] : (r + 1) * size[k]] for k in counts}}
+
+    parts = [sess.run(list(names), sample(r)) for r in range(n)]
+    return [np.concatenate([p[k] for p in parts]) for k in range(len(names))]

@@ -372,6 +372,7 @@ def _calibration(
     req: PartitionRequest, prepared: Prepared, preprocessing: dict[str, PreprocessSpec]
 ) -> list[dict[str, Any]]:
     from splitinfer.partitioner.calibration import load_calibration, synthetic_calibration
+    from splitinfer.partitioner.pipeline import synthetic_shapes
 
     a = prepared.analysis
     inputs = [io_spec(vi) for vi in a.model.graph.input if vi.name in a.inputs]
@@ -380,7 +381,7 @@ def _calibration(
             req.calibration, inputs, a.batch_symbol, preprocessing=preprocessing
         )
     _warn("no --calibration folder: calibrating on SYNTHETIC random inputs")
-    shapes = {k: (1, *v) for k, v in a.sample_input_shapes.items()}
+    shapes = synthetic_shapes(a)
     return synthetic_calibration(inputs, 64, 0, shapes)
 
 
@@ -435,13 +436,38 @@ def _options(req: PartitionRequest, preprocessing: dict[str, PreprocessSpec]) ->
 
 
 def _adapt_options(req: PartitionRequest) -> Any:
-    """``--adapt-cloud`` / ``--adapt-seconds`` as ``AdaptOptions`` (None when off)."""
+    """``--adapt-cloud`` / ``--adapt-time`` as ``AdaptOptions`` (None when off)."""
     if not req.adapt_cloud:
         return None
     from splitinfer.partitioner.adapt import DEFAULT_SECONDS, AdaptOptions
 
     seconds = DEFAULT_SECONDS if req.adapt_seconds is None else req.adapt_seconds
     return AdaptOptions(seconds=seconds)
+
+
+def _check_stackable(prepared: Prepared) -> None:
+    """``--split auto`` measures on samples stacked along the batch axis: refuse, in one
+    line, a model with an input that is not batched along its first axis (an RNN state
+    ``[2, 1, 128]`` beside a batched input); fixed cuts still partition it."""
+    a = prepared.analysis
+    ranked = [n for n in a.inputs if a.tensors[n].dims]
+
+    def leads(name: str) -> bool:  # batched along axis 0 (at a fixed batch: its size)
+        info = a.tensors[name]
+        if a.batch_symbol is not None:
+            return info.batched
+        return info.dims[0][0] == prepared.batch.size or prepared.batch.size is None
+
+    batched = [n for n in ranked if leads(n)]
+    for name in ranked:
+        info = a.tensors[name]
+        if batched and not leads(name):
+            shape = "x".join(map(str, info.sample_shape))
+            raise ConfigError(
+                f"--split auto: input {name!r} ({shape}) is not batched along its first axis "
+                f"as {batched[0]!r} is (a recurrent state?): the cut choice measures stacked "
+                "samples; partition it at a fixed cut (--split CUT, see --list-cuts)"
+            )
 
 
 def _auto(
@@ -453,6 +479,7 @@ def _auto(
     from splitinfer.partitioner.auto import auto_split
 
     assert req.output is not None
+    _check_stackable(prepared)
     opts = _options(req, preprocessing)
     result = auto_split(prepared, opts, progress, _warn)
     extras = result.extras

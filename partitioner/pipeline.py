@@ -101,6 +101,17 @@ def prepare(
     return Prepared(source, optimized, reports, analysis, space, nonstandard_ops=ops, batch=batch)
 
 
+def synthetic_shapes(analysis: GraphAnalysis) -> dict[str, tuple[int, ...]]:
+    """Each input's shape for one synthetic sample: batch 1 in front of a batched input's
+    analysis shape; an input that is not batched (an RNN state ``[2, 1, 128]`` fixed
+    whole) at its own shape."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, per_sample in analysis.sample_input_shapes.items():
+        info = analysis.tensors[name]
+        out[name] = (1, *per_sample) if info.batched else tuple(info.sample_shape)
+    return out
+
+
 def tensor_spec(analysis: GraphAnalysis, name: str) -> TensorSpec:
     """The manifest spec of a tensor as the analysis runs showed it.
 

@@ -1,4 +1,4 @@
-"""The INT8 recipes: which nodes a CPU edge keeps fp32, where TensorRT wants Q/DQ, two rewrites.
+"""The INT8 recipes: which nodes a CPU edge keeps fp32, where TensorRT wants Q/DQ, rewrites.
 
 ONNX Runtime's CPU provider runs only some ops as integer kernels; around the
 others the quantizer inserts a DequantizeLinear → fp32 op → QuantizeLinear round
@@ -6,7 +6,10 @@ trip that costs more than the op. :data:`CPU_INT8_OPS` is what
 ``config_for("cpu")`` quantizes; :func:`fp32_nodes` keeps stems and depthwise
 convolutions fp32 (where ORT's fp32 kernels beat its int8 ones here);
 :func:`global_pool` turns a spatial ReduceMean into GlobalAveragePool (a uint8
-kernel); :func:`output_guards` protects graph outputs from a quantizer quirk.
+kernel); :func:`output_guards` protects graph outputs from a quantizer quirk and
+:func:`log_guards` the inputs of a Log from rounding to 0; :func:`own_biases` and
+:func:`vector_gemm_bias` give the quantizer biases as it handles them (one reader
+each, a vector).
 The measurements behind each rule are in docs/profiles.md and
 ``bench/bench_int8.py``. :func:`tensorrt_nodes` is TensorRT's Q/DQ placement
 (the inputs of weighted operations and both inputs of residual adds; see
@@ -97,6 +100,17 @@ def output_guards(model: onnx.ModelProto) -> list[str]:
     ]
 
 
+def log_guards(model: onnx.ModelProto) -> list[str]:
+    """The nodes whose output a Log reads, kept fp32 under every recipe.
+
+    A quantized tensor gives back 0 for a positive value under half its scale step,
+    and the Log -inf: basic-pitch's ``log(x² + 1e-10)`` turned every later value of its
+    int8 segment into inf or NaN. Kept fp32, the small values stay positive.
+    """
+    logs = {n.input[0] for n in model.graph.node if n.op_type == "Log" and n.input}
+    return [n.name for n in model.graph.node if n.name and logs.intersection(n.output)]
+
+
 #: The default ONNX domain; an op outside it (``com.microsoft::Gelu``, ...) stays fp32.
 _DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 
@@ -160,6 +174,107 @@ def rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
         t.name = mapping.get(t.name, t.name)
     for vi in g.value_info:
         vi.name = mapping.get(vi.name, vi.name)
+
+
+#: The ops whose third input ONNX Runtime's quantizer takes for a bias
+#: (``quantize_bias_tensor``).
+BIAS_OPS = frozenset(
+    {
+        "Conv",
+        "ConvTranspose",
+        "Gemm",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "LayerNormalization",
+    }
+)
+
+
+def own_biases(model: onnx.ModelProto) -> int:
+    """Give every reader of a shared bias but the first its own copy of it, in place.
+
+    The quantizer copies a bias that several nodes read (each one's bias scale follows
+    its own input and weight scales) and names each copy the bias's name and a number,
+    counting the initializers alone: basic-pitch's [36] Conv bias, read by 18 Convs,
+    got a copy named as an activation, and that activation's reader read the bias.
+    These copies are named after their node, apart from every name in the model.
+    Returns how many it made.
+    """
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    taken = _all_names(g)
+    seen: set[str] = set()
+    made = 0
+    for node in g.node:
+        if node.op_type not in BIAS_OPS or node.domain not in _DEFAULT_DOMAINS:
+            continue
+        bias = node.input[2] if len(node.input) > 2 else ""
+        if bias not in inits:
+            continue
+        if bias in seen:
+            node.input[2] = _add_copy(g, inits[bias], f"{bias}.{node.name}", taken)
+            made += 1
+        seen.add(bias)
+    return made
+
+
+def vector_gemm_bias(model: onnx.ModelProto) -> int:
+    """Give every Gemm whose constant C is [1, N] the same C as [N], in place.
+
+    onnxslim's MatMul+Add fusion keeps the Add's [1, N] constant as the Gemm's C, and
+    ONNX Runtime's quantizer reads a per-channel weight's bias as a vector (magika:
+    "The truth value of an array with more than one element is ambiguous"). Gemm
+    broadcasts either shape alike. The [N] one is a copy (the [1, N] one stays for any
+    other reader; the quantizer drops it if none). Returns how many it made.
+    """
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    taken = _all_names(g)
+    made = 0
+    for node in g.node:
+        if node.op_type != "Gemm" or node.domain not in _DEFAULT_DOMAINS:
+            continue
+        c = inits.get(node.input[2]) if len(node.input) > 2 else None
+        if c is None or len(c.dims) != 2 or c.dims[0] != 1:
+            continue
+        node.input[2] = _add_copy(g, c, f"{c.name}.vector", taken, dims=[c.dims[1]])
+        made += 1
+    return made
+
+
+def _add_copy(
+    g: onnx.GraphProto,
+    t: onnx.TensorProto,
+    name: str,
+    taken: set[str],
+    dims: list[int] | None = None,
+) -> str:
+    """Add a copy of initializer ``t`` to ``g`` under ``name`` (made apart from
+    ``taken``, which it joins), with ``dims`` if given; its name."""
+    while name in taken:
+        name += "."
+    taken.add(name)
+    copy = g.initializer.add()
+    copy.CopyFrom(t)
+    copy.name = name
+    if dims is not None:
+        del copy.dims[:]
+        copy.dims.extend(dims)
+    return name
+
+
+def _all_names(g: onnx.GraphProto) -> set[str]:
+    """Every tensor and node name of ``g`` and its subgraphs."""
+    names = {vi.name for vi in (*g.input, *g.output, *g.value_info)}
+    names.update(t.name for t in g.initializer)
+    for node in g.node:
+        names.add(node.name)
+        names.update(node.input)
+        names.update(node.output)
+        for attr in node.attribute:
+            for sub in (*([attr.g] if attr.HasField("g") else ()), *attr.graphs):
+                names |= _all_names(sub)
+    return names
 
 
 def fp32_nodes(model: onnx.ModelProto, config: QuantConfig) -> list[str]:

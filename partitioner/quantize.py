@@ -57,10 +57,13 @@ from splitinfer.partitioner.quant_recipe import (
     foreign_nodes,
     fp32_nodes,
     global_pool,
+    log_guards,
     output_guards,
+    own_biases,
     quantizer_clashes,
     rename,
     tensorrt_nodes,
+    vector_gemm_bias,
     without_pass_through,
 )
 from splitinfer.shared.errors import ConfigError, ModelError
@@ -381,6 +384,8 @@ def quantize_model(
                     prepared = onnx.load(str(pre))
                 else:
                     prepared = inherited
+                own_biases(prepared)  # each bias as the quantizer wants it
+                vector_gemm_bias(prepared)
                 if config.global_pool:
                     global_pool(prepared)
                 chosen = tensorrt_nodes(prepared) if config.placement == "tensorrt" else None
@@ -409,6 +414,7 @@ def quantize_model(
                         nodes_to_quantize=chosen,
                         nodes_to_exclude=fp32_nodes(prepared, config)
                         + output_guards(prepared)
+                        + log_guards(prepared)
                         + foreign_nodes(prepared),
                     )
             except Exception as exc:  # the quantizer raises bare ValueError/RuntimeError...

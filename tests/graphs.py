@@ -126,3 +126,31 @@ def free_dims() -> onnx.ModelProto:
     ]
     inits = {"w": rand(4, 3, 3, 3), "b": rand(4)}
     return make(nodes, [f32("x", ["N", 3, "H", "W"])], [f32("y", ["N", 4])], inits)
+
+
+def weight_in_branch(inside: bool, n: int = 128) -> onnx.ModelProto:
+    """An If whose then branch multiplies by an ``n`` x ``n`` weight (64 KiB at 128: a
+    large one), held in the branch (``inside``) or read from the outer graph."""
+    w = numpy_helper.from_array(rand(n, n, seed=3), "w")
+    then_g = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["tb"])],
+        "then",
+        [],
+        [f32("tb", ["N", n])],
+        initializer=[w] if inside else [],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Mul", ["a", "two"], ["eb"])],
+        "else",
+        [],
+        [f32("eb", ["N", n])],
+        initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("If", ["flag"], ["b"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("Sigmoid", ["b"], ["y"]),
+    ]
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [1])
+    inits = {} if inside else {"w": numpy_helper.to_array(w)}
+    return make(nodes, [f32("x", ["N", n]), flag], [f32("y", ["N", n])], inits)

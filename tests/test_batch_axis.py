@@ -304,3 +304,60 @@ def test_split_auto_partitions_the_shipped_detector_at_its_fixed_batch(
     manifest = load_manifest(tmp_path / "det")
     assert manifest.batch_dim is None
     assert manifest.optimization["batch"]["mode"] == "fixed"
+
+
+# -- inputs not batched along their first axis ---------------------------------------
+
+
+def rnn_state(batched_state: bool) -> onnx.ModelProto:
+    """``x [1, 4] + state`` where the state is ``[2, N, 4]`` (batch on axis 1) or ``[2, 1, 4]``
+    fixed: the shape of a streaming RNN's inputs (silero-vad's)."""
+    nodes = [
+        helper.make_node("ReduceSum", ["state", "axes"], ["s"], keepdims=0),  # N, 4
+        helper.make_node("Add", ["x", "s"], ["y"]),
+        helper.make_node("Relu", ["y"], ["z"]),
+    ]
+    lead = "N" if batched_state else 1
+    inputs = [f32("x", [lead, 4]), f32("state", [2, lead, 4])]
+    return make(nodes, inputs, [f32("z", [lead, 4])], {"axes": np.array([0], np.int64)})
+
+
+def test_an_input_batched_on_its_second_axis_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _save(rnn_state(batched_state=True), tmp_path / "rnn.onnx")
+    assert partition([str(src), "--list-cuts"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 or "Traceback" not in "\n".join(err)
+    assert "input 'state' (2xNx4) holds the batch dimension 'N' on axis 1" in err[-1]
+
+
+def test_split_auto_refuses_a_fixed_state_input_and_fixed_cuts_still_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _save(rnn_state(batched_state=False), tmp_path / "rnn.onnx")
+    code = partition([str(src), "--split", "auto", "-o", str(tmp_path / "auto"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--split auto: input 'state' (2x1x4) is not batched along its first axis" in err
+    assert "Traceback" not in err
+    assert partition([str(src), "--split", "c1", "-o", str(tmp_path / "c1"), "--quiet",
+                      "--precision", "fp32"]) == 0  # fmt: skip
+
+
+@pytest.mark.unit
+def test_stacked_samples_run_one_at_a_time_on_a_fixed_model() -> None:
+    """Samples stacked along axis 0, each with its own leading size (a batch of 1 and a
+    state of 2), run one sample at a time; the answers join along axis 0."""
+    from splitinfer.partitioner.batch import RowSession
+    from splitinfer.shared.ortsession import open_session
+
+    model = rnn_state(batched_state=False)
+    sess = RowSession(open_session(model))
+    xs = [rand(1, 4, seed=s) for s in range(3)]
+    states = [rand(2, 1, 4, seed=10 + s) for s in range(3)]
+    (got,) = sess.run(["z"], {"x": np.concatenate(xs), "state": np.concatenate(states)})
+    want = np.concatenate(
+        [run(model, {"x": x, "state": st})["z"] for x, st in zip(xs, states, strict=True)]
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-6)

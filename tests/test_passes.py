@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from cloudkit import variable_length
-from graphs import f32, make, rand
+from graphs import f32, make, rand, weight_in_branch
 from onnx import helper
 from ortutil import run
 
@@ -159,6 +159,15 @@ def test_the_pipeline_keeps_large_weights_beside_the_graph_and_returns_them_in_i
         alone = slim_run(alone) if name == "onnxslim" else PASSES[name](alone)
     name_nodes(alone)
     assert out.SerializeToString(deterministic=True) == alone.SerializeToString(deterministic=True)
+
+
+def test_weights_inside_an_if_branch_come_back_from_beside_the_graph() -> None:
+    # ONNX Runtime writes the branch's 64 KiB weight to the file beside the graph too
+    model = weight_in_branch(inside=True)
+    out, _ = optimize(model)
+    for flag in (True, False):
+        feeds = {"x": rand(2, 128, seed=9), "flag": np.array([flag])}
+        same_outputs(model, out, feeds)
 
 
 def test_ort_basic_keeps_the_source_order_of_the_nodes() -> None:

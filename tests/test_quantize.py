@@ -764,3 +764,67 @@ def test_an_opset_12_model_gets_per_tensor_weight_scales_the_checker_accepts() -
     ref = run(model, samples[0])["y"]
     got = run(q, samples[0])["y"]
     assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max()
+
+
+def shared_bias_net() -> onnx.ModelProto:
+    """Three Convs read one bias ``b``; the first one's output is named ``b0``, the name
+    ONNX Runtime's quantizer gives its own copy of a shared bias."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b"], ["b0"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Sigmoid", ["b0"], ["r1"], name="sigmoid1"),
+        helper.make_node("Conv", ["r1", "w2", "b"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "w3", "b"], ["c3"], pads=[1, 1, 1, 1], name="conv3"),
+        helper.make_node("Relu", ["c3"], ["y"], name="relu3"),
+    ]
+    inits = {f"w{i}": rand(8, 8, 3, 3, seed=i) * 0.2 for i in (1, 2, 3)}
+    inits["b"] = rand(8, seed=4) * 0.1
+    return make(nodes, [f32("x", ["N", 8, 8, 8])], [f32("y", ["N", 8, 8, 8])], inits)
+
+
+@pytest.mark.parametrize("runtime", ["cpu", "tensorrt"])
+def test_a_shared_bias_is_copied_apart_from_every_activation_name(runtime: str) -> None:
+    model = shared_bias_net()
+    samples = feeds(6, shape=(1, 8, 8, 8))
+    q = quantize_model(model, samples, config_for(runtime))
+    assert count_qdq(q)["QuantizeLinear"] > 0
+    ref, got = run(model, samples[0])["y"], run(q, samples[0])["y"]
+    assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max()
+
+
+def test_a_gemm_bias_of_shape_1_by_n_quantizes_per_channel() -> None:
+    # onnxslim's MatMul+Add -> Gemm keeps the Add's [1, N] constant as C
+    model = make(
+        [helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="fc")],
+        [f32("x", ["N", 16])],
+        [f32("y", ["N", 10])],
+        {"w": rand(16, 10, seed=1), "c": rand(1, 10, seed=2)},
+    )
+    samples = feeds(6, shape=(1, 16))
+    q = quantize_model(model, samples, config_for("cpu"))
+    assert count_qdq(q)["DequantizeLinear"] > 0
+    ref, got = run(model, samples[0])["y"], run(q, samples[0])["y"]
+    assert got.shape == ref.shape
+    assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max()
+
+
+def test_the_input_of_a_log_stays_fp32() -> None:
+    # log(x² + 1e-10), as basic-pitch's normalized log: an int8 x² + 1e-10 rounds the
+    # small values to 0, and the Log gives -inf
+    model = make(
+        [
+            helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+            helper.make_node("Add", ["sq", "eps"], ["pos"], name="add"),
+            helper.make_node("Log", ["pos"], ["y"], name="log"),
+        ],
+        [f32("x", ["N", 64])],
+        [f32("y", ["N", 64])],
+        {"eps": np.array(1e-10, np.float32)},
+    )
+    samples = feeds(6, shape=(1, 64))
+    for s in samples:
+        s["x"][0, ::4] = 0.0
+    q = quantize_model(model, samples, config_for("cpu"))
+    got = run(q, samples[0])["y"]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, run(model, samples[0])["y"], rtol=1e-5)

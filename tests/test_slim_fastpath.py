@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from graphs import f32, make, rand
+from graphs import f32, make, rand, weight_in_branch
 from onnx import helper
 from ortutil import run
 
@@ -120,6 +120,18 @@ def test_weights_beside_go_through_the_full_pass_when_onnxslim_reads_them(
     read_beside(out, tmp_path)  # whatever is still a reference
     x = {"x": rand(3, N, seed=5)}
     np.testing.assert_allclose(run(out, x)["y"], run(model, x)["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["outer", "in-branch"])
+def test_a_weight_only_an_if_branch_reads_keeps_its_data(tmp_path: Path, inside: bool) -> None:
+    # outer: onnxslim moves the held (data-less) weight into the one branch that reads
+    # it; in-branch: a weight beside the graph inside the branch is read in
+    model = weight_in_branch(inside)
+    out = slim.run(beside(model, tmp_path), tmp_path)
+    read_beside(out, tmp_path)
+    for flag in (True, False):
+        feeds = {"x": rand(3, N, seed=5), "flag": np.array([flag])}
+        np.testing.assert_allclose(run(out, feeds)["y"], run(model, feeds)["y"], rtol=1e-5)
 
 
 def test_beside_data_refuses_a_location_outside_its_folder(tmp_path: Path) -> None:

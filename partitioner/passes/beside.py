@@ -10,6 +10,7 @@ tensor's bytes through :class:`BesideData` (a read-only memory map, no copy).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +25,48 @@ def is_beside(t: onnx.TensorProto) -> bool:
     return t.data_location == onnx.TensorProto.EXTERNAL
 
 
+def tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor ``graph`` holds: its initializers, node attributes' tensors, and
+    those of its subgraphs (If branches, Loop and Scan bodies), which ONNX Runtime's
+    writer also puts beside the graph."""
+    yield from graph.initializer
+    yield from node_tensors(graph)
+
+
+def node_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """The tensors of ``graph``'s nodes' attributes and of their subgraphs, all of them."""
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in _subgraphs(attr):
+                yield from tensors(sub)
+
+
+def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph in it, at any depth."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in _subgraphs(attr):
+                yield from graphs(sub)
+
+
+def _subgraphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    return [*([attr.g] if attr.HasField("g") else ()), *attr.graphs]
+
+
 def any_beside(model: onnx.ModelProto) -> bool:
-    return any(is_beside(t) for t in model.graph.initializer)
+    return any(is_beside(t) for t in tensors(model.graph))
 
 
 def read_beside(model: onnx.ModelProto, beside: Path) -> None:
-    """Put the data of every external-data initializer (relative to ``beside``) into
-    ``model``, in place."""
+    """Put the data of every external-data tensor (relative to ``beside``), subgraphs'
+    included, into ``model``, in place."""
     if any_beside(model):
-        load_external_data_for_model(model, str(beside))
-        for t in model.graph.initializer:  # as if never external (DEFAULT left unset)
+        load_external_data_for_model(model, str(beside))  # walks the subgraphs too
+        for t in tensors(model.graph):  # as if never external (DEFAULT left unset)
             if t.HasField("data_location") and t.data_location == onnx.TensorProto.DEFAULT:
                 t.ClearField("data_location")
 

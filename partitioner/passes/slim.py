@@ -23,7 +23,15 @@ from pathlib import Path
 import onnx
 
 from splitinfer.partitioner.loader import copy_except
-from splitinfer.partitioner.passes.beside import BesideData, is_beside, read_beside
+from splitinfer.partitioner.passes.beside import (
+    BesideData,
+    any_beside,
+    graphs,
+    is_beside,
+    node_tensors,
+    read_beside,
+    tensors,
+)
 from splitinfer.shared.errors import ModelError
 
 #: Initializers at least this big (bytes of data) do not go through onnxslim.
@@ -43,7 +51,7 @@ def run(model: onnx.ModelProto, beside: Path | None = None) -> onnx.ModelProto:
             out = None
         if out is not None:
             return out
-    if beside is not None and any(is_beside(t) for t in model.graph.initializer):
+    if beside is not None and any_beside(model):
         whole = onnx.ModelProto()
         whole.CopyFrom(model)
         read_beside(whole, beside)
@@ -78,8 +86,14 @@ def _strip(
     model: onnx.ModelProto, data: BesideData | None = None
 ) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
     """A copy of ``model`` whose large initializers have no data, and those initializers
-    (with ``data``, every external-data initializer among them)."""
+    (with ``data``, every external-data initializer among them).
+
+    Only the top-level graph's initializers are held: where a subgraph (an If branch,
+    a Loop body) holds a tensor beside the graph, nothing is, and the whole model goes
+    through onnxslim with its data read in."""
     graph = model.graph
+    if data is not None and any(is_beside(t) for t in node_tensors(graph)):
+        return model, {}
     held = {
         t.name: t
         for t in graph.initializer
@@ -135,13 +149,16 @@ def _restore(out: onnx.ModelProto, held: dict[str, onnx.TensorProto]) -> onnx.Mo
 
     A node left with only constant inputs, one of them held, is one onnxslim would
     have folded with the data in place (its folding skips nodes it cannot evaluate).
+    Subgraphs are looked at too: onnxslim moves an initializer that only one If
+    branch reads into that branch.
     """
-    consts = {t.name for t in out.graph.initializer}
-    for node in out.graph.node:
+    every = list(graphs(out.graph))
+    consts = {t.name for g in every for t in g.initializer}
+    for node in (n for g in every for n in g.node):
         ins = [i for i in node.input if i]
         if ins and all(i in consts for i in ins) and any(i in held for i in ins):
             return None
-    for t in out.graph.initializer:
+    for t in (t for g in every for t in g.initializer):
         src = held.get(t.name)
         empty = not t.HasField("raw_data") and t.data_location != onnx.TensorProto.EXTERNAL
         if src is None:
@@ -153,6 +170,8 @@ def _restore(out: onnx.ModelProto, held: dict[str, onnx.TensorProto]) -> onnx.Mo
         if list(t.dims) != list(src.dims) or t.data_type != src.data_type or not empty:
             return None
         t.CopyFrom(src)
+    if any(t.doc_string.startswith(_SHELL) for t in tensors(out.graph)):
+        return None  # a data-less tensor made a node's attribute
     return out
 
 
