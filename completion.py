@@ -24,29 +24,13 @@ PROG = "splitinfer-completion"
 #: each command (``[project.scripts]``) and the ``module:function`` that builds its parser
 TOOLS: dict[str, str] = {
     "partition": "splitinfer.partitioner.request:build_parser",
-    "edge-agent": "splitinfer.completion:edge_agent_parser",
+    "edge-agent": "splitinfer.edge.cli:build_parser",
     "cloud-service": "splitinfer.cloud.cli:build_parser",
     "netsim": "splitinfer.sim.cli:build_parser",
     "splitinfer-demo": "splitinfer.demo:build_parser",
     "splitinfer-triton": "splitinfer.cloud.triton:build_parser",
 }
 SHELLS = ("bash", "zsh", "tcsh")
-
-
-def edge_agent_parser() -> argparse.ArgumentParser:
-    """``edge-agent``'s flags with ``profile`` as a subcommand (the agent parses that
-    one with a parser of its own, so its main parser does not list it)."""
-    from splitinfer.edge.cli import build_parser, profile_parser
-
-    parser = build_parser()
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser(
-        "profile",
-        parents=[profile_parser()],
-        add_help=False,
-        help="measure per-node latency on this device (for partition --edge-profile)",
-    )
-    return parser
 
 
 def parser_of(tool: str) -> argparse.ArgumentParser:

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import io
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,9 +36,23 @@ from typing import Any
 
 import numpy as np
 
-from splitinfer.shared.cli import add_debug_flag, run_cli
-from splitinfer.shared.contract import HEADER_CUT, HEADER_LOCAL
-from splitinfer.shared.errors import ConfigError
+from splitinfer import __version__
+from splitinfer.demo_console import PROGRESS, format_ms, prepare_out
+from splitinfer.shared.cli import (
+    ArgumentParser,
+    add_debug_flag,
+    add_version_flag,
+    examples,
+    run_cli,
+)
+from splitinfer.shared.contract import (
+    HEADER_CUT,
+    HEADER_DOWN_BYTES,
+    HEADER_LOCAL,
+    HEADER_UP_BYTES,
+)
+from splitinfer.shared.errors import ConfigError, SplitInferError
+from splitinfer.shared.options import Deprecated
 from splitinfer.sim.daemon import Daemon, command
 
 #: The OCR job's uplink: the slowest LTE trace (1.9 Mbit/s mean, outages while driving).
@@ -49,7 +62,11 @@ START_TIMEOUT_S = 60.0
 
 
 def _say(message: str) -> None:
-    print(f"demo: {message}", file=sys.stderr, flush=True)
+    PROGRESS.say(message)
+
+
+def _step(doing: str, status: Callable[[], str] | None = None) -> None:
+    PROGRESS.step(doing, status)
 
 
 @dataclass
@@ -64,8 +81,11 @@ class Strategy:
     cuts: set[str] = field(default_factory=set)
     local: int = 0
     errors: int = 0
-    up_bytes: int = 0
+    up_bytes: int = 0  # the requests' frames, as the agent reports them (0 when local)
     down_bytes: int = 0
+
+    def answered(self) -> str:
+        return f"{len(self.latencies) + self.errors} answered"
 
 
 @dataclass
@@ -119,11 +139,32 @@ class Daemons:
 
 
 def _partition(argv: list[str]) -> None:
-    from splitinfer.partitioner.cli import main as partition
+    """Run ``partition ARGV`` in this process. Its progress goes to stderr as ``demo:
+    partition NAME: ...`` (NAME: the package folder's), and so does what it would print,
+    under a heading: the predicted cost per cut of a ``--split auto`` run."""
+    from splitinfer.partitioner.cli import Written, run
+    from splitinfer.partitioner.request import PartitionRequest
 
-    code = partition([*argv, "-q"])
-    if code != 0:
-        raise ConfigError(f"partition {' '.join(argv)} failed (exit {code})")
+    req = PartitionRequest.from_argv(argv)
+    tag = f"partition {req.output.name if req.output is not None else ''}".rstrip()
+
+    def progress(message: str) -> None:
+        _step(f"{tag}: {message}")
+        _say(f"{tag}: {message}")
+
+    _step(f"{tag}: starting")
+    try:
+        done = run(req, progress)
+    except SplitInferError as exc:
+        raise ConfigError(f"partition {' '.join(argv)}: {exc}") from exc
+    assert isinstance(done, Written)  # the demo always writes a package
+    if done.auto is None:
+        for line in done.summary.splitlines():
+            _say(f"{tag}: {line}")
+        return
+    _say(f"{tag}: predicted cost per cut, ms (total: the mean over the uplink trace)")
+    for line in done.summary.splitlines():
+        _say(f"    {line}")
 
 
 def split_candidate(package: Path) -> str | None:
@@ -168,6 +209,8 @@ async def _send(url: str, strategy: Strategy, job: Job, x: np.ndarray, streams: 
                 strategy.latencies.append(elapsed)
                 strategy.cuts.add(resp.headers.get(HEADER_CUT, "?"))
                 strategy.local += resp.headers.get(HEADER_LOCAL) == "1"
+                strategy.up_bytes += int(resp.headers.get(HEADER_UP_BYTES, 0))
+                strategy.down_bytes += int(resp.headers.get(HEADER_DOWN_BYTES, 0))
                 preds[i] = job.decode(np.load(io.BytesIO(body)))
 
     async with aiohttp.ClientSession() as session:
@@ -202,15 +245,20 @@ async def _run_all(
             if s.version is not None:
                 argv += ["--model", f"{job.name}:{s.version}"]
             if job.emulate is not None:
-                argv += ["--runtime-emulate-device", job.emulate]
+                argv += ["--emulate-device", job.emulate]
             _say(f"{s.name}: starting an edge agent behind {config.describe()}")
+            _step(f"{s.name}: starting an edge agent")
             tag = "".join(ch if ch.isalnum() else "-" for ch in s.name)
             url = await asyncio.to_thread(daemons.start, f"edge-agent-{tag}", "edge-agent", argv)
             t0 = time.perf_counter()
+            _step(f"{s.name}: sending {len(x)} {job.what}", s.answered)
             await _send(url, s, job, x, args.streams)
-            s.up_bytes = link.uplink_stats.delivered_bytes
-            s.down_bytes = link.downlink_stats.delivered_bytes
-            _say(f"{s.name}: {len(x)} {job.what} in {time.perf_counter() - t0:.1f} s")
+            _say(
+                f"{s.name}: {len(x)} {job.what} in {time.perf_counter() - t0:.1f} s; the link "
+                f"carried {link.uplink_stats.delivered_bytes:,} B up, "
+                f"{link.downlink_stats.delivered_bytes:,} B down (HTTP and health checks "
+                f"included)"
+            )
 
 
 def _table(strategies: list[Strategy], job: Job, n: int) -> str:
@@ -245,17 +293,25 @@ def _table(strategies: list[Strategy], job: Job, n: int) -> str:
 
 def explain_choice(package: Path) -> str:
     """One paragraph: the cut ``--split auto`` chose and, when it is not interior, why not
-    (from the package's predicted costs)."""
+    (from the package's predicted costs: the mean latency over the uplink trace, the
+    statistic of the partitioner's cost table; device time is its ``edge ms``, compute
+    and encoding)."""
     from splitinfer.shared.manifest import load_manifest
 
     m = load_manifest(package)
     by_id = {c.id: c for c in m.cuts}
     chosen = by_id[m.default_cut]
+
+    def mean(p: dict[str, Any]) -> str:
+        return format_ms(float(p.get("latency_mean_s", 0.0)))
+
+    def device_s(p: dict[str, Any]) -> float:
+        return float(p.get("edge_s", 0.0)) + float(p.get("encode_s", 0.0))
+
     p = chosen.predicted
     text = (
-        f"--split auto chose {chosen.id} ({chosen.kind}): predicted p50 "
-        f"{p.get('latency_p50_s', 0) * 1e3:.0f} ms, edge {p.get('edge_s', 0) * 1e3:.0f} ms, "
-        f"{int(p.get('up_bytes', 0)):,} B up."
+        f"--split auto chose {chosen.id} ({chosen.kind}): predicted mean latency {mean(p)}, "
+        f"{format_ms(device_s(p))} on the device, {int(p.get('up_bytes', 0)):,} B up."
     )
     if chosen.kind == "split":
         return text + " The cut is interior: the device runs the front, the cloud the rest."
@@ -263,21 +319,24 @@ def explain_choice(package: Path) -> str:
     cloud = next((c for c in m.cuts if c.kind == "none"), None)
     if not splits or cloud is None:
         return text + " No interior cut was packaged (none predicted within reach)."
-    best = min(splits, key=lambda c: c.predicted.get("latency_p50_s", 0.0))
+    best = min(splits, key=lambda c: c.predicted.get("latency_mean_s", 0.0))
     q, r = best.predicted, cloud.predicted
     sent, raw = int(q.get("up_bytes", 0)), int(r.get("up_bytes", 0))
-    front = q.get("edge_s", 0.0) * 1e3
-    whole = next((c.predicted.get("edge_s", 0.0) * 1e3 for c in m.cuts if c.kind == "all"), None)
+    front = device_s(q)
+    all_edge = next((c.predicted for c in m.cuts if c.kind == "all"), {})
+    whole = device_s(all_edge) if all_edge else None
     if sent >= raw:
         why = f"it sends more than the input itself ({sent:,} B against {raw:,} B)"
     else:
         why = f"it sends {sent:,} B against the input's {raw:,} B"
-    share = f" ({front / whole:.0%} of the whole network's {whole:.0f} ms)" if whole else ""
+    share = ""
+    if whole is not None and whole >= 1e-3:  # a share of next to no time says nothing
+        compute = float(q.get("edge_s", 0.0)) / max(float(all_edge.get("edge_s", 0.0)), 1e-12)
+        share = f" ({min(compute, 1.0):.0%} of the whole network's {format_ms(whole)})"
     return (
-        f"{text} Not interior: the best interior cut, {best.id}, runs {front:.0f} ms on the "
-        f"device{share} and {why}, so it is predicted slower than both ends (p50 "
-        f"{q.get('latency_p50_s', 0) * 1e3:.0f} ms; cloud-only "
-        f"{r.get('latency_p50_s', 0) * 1e3:.0f} ms). No cut of this network shrinks the data "
+        f"{text} Not interior: the best interior cut, {best.id}, runs {format_ms(front)} on "
+        f"the device{share} and {why}, so it is predicted slower than both ends (mean "
+        f"{mean(q)}; cloud-only {mean(r)}). No cut of this network shrinks the data "
         f"far below its compressed input while leaving most of the work to the cloud."
     )
 
@@ -293,8 +352,25 @@ def _daemons(log_dir: Path) -> Iterator[Daemons]:
 
 def build_parser() -> argparse.ArgumentParser:
     """``splitinfer-demo``'s flags (also read by ``splitinfer.completion``)."""
-    parser = argparse.ArgumentParser(prog="splitinfer-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("out/demo"), help="working folder")
+    parser = ArgumentParser(
+        prog="splitinfer-demo",
+        description=__doc__.split("\n\n")[0],
+        epilog=examples(
+            "splitinfer-demo",
+            "splitinfer-demo --quick -o out/quick",
+            "splitinfer-demo --samples 40 --streams 2 --no-private",
+        ),
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        dest="out",
+        type=Path,
+        default=Path("out/demo"),
+        metavar="DIR",
+        help="working folder (default: out/demo)",
+    )
+    parser.add_argument("--out", action=Deprecated, dest="out", new="--output", type=Path)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -303,14 +379,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--trace",
         type=Path,
-        help=f"uplink trace (default {DEFAULT_TRACE}; with --quick {QUICK_TRACE})",
+        metavar="FILE",
+        help=f"uplink trace (default: {DEFAULT_TRACE}; with --quick {QUICK_TRACE})",
     )
     parser.add_argument(
         "--samples",
         type=int,
-        help="held-out inputs to send (default 120 captchas; with --quick 450 digits)",
+        metavar="N",
+        help="held-out inputs to send (default: 120 captchas; with --quick 450 digits)",
     )
-    parser.add_argument("--streams", type=int, default=4, help="concurrent requests per agent")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=4,
+        metavar="N",
+        help="concurrent requests per agent (default: 4)",
+    )
     parser.add_argument(
         "--no-private", action="store_true", help="leave out the differentially private run"
     )
@@ -318,10 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--epsilon",
         type=float,
         default=64.0,
-        help="per-request epsilon of the private run (default 64: weak protection, but "
+        metavar="E",
+        help="per-request epsilon of the private run (default: 64, weak protection, but "
         "where the adapted digits model still answers; see docs/privacy.md)",
     )
     add_debug_flag(parser)
+    add_version_flag(parser, __version__)
     return parser
 
 
@@ -337,10 +423,13 @@ def _main(argv: Sequence[str] | None) -> int:
     trace: Path = args.trace if args.trace is not None else traces.path(default)
     if not trace.is_file():
         raise ConfigError(f"--trace {trace}: no such file")
+    prepare_out(args.out)
+    with PROGRESS.ticking():
+        return _demo(args, trace)
+
+
+def _demo(args: argparse.Namespace, trace: Path) -> int:
     start = time.perf_counter()
-    if args.out.exists():
-        shutil.rmtree(args.out)
-    (args.out / "logs").mkdir(parents=True)
     if args.quick:
         from splitinfer.demo_digits import build_digits
 
@@ -358,6 +447,7 @@ def _main(argv: Sequence[str] | None) -> int:
     credentials.write_text(render_toml(generate_credential("demo-device", "k1")))
     credentials.chmod(0o600)
     with _daemons(args.out / "logs") as daemons:
+        _step("starting the cloud service")
         cloud = daemons.start(
             "cloud-service",
             "cloud-service",
@@ -370,12 +460,13 @@ def _main(argv: Sequence[str] | None) -> int:
     n = min(args.samples, len(job.x))
     device = f", every edge agent emulating {job.emulate}" if job.emulate else ""
     print(
-        f"\n{n} held-out {job.what} through each edge agent; uplink {trace.name} (Mahimahi), "
+        f"{n} held-out {job.what} through each edge agent; uplink {trace.name} (Mahimahi), "
         f"20 Mbit/s down, 40 ms RTT, {args.streams} concurrent requests{device}\n"
     )
     print(_table(strategies, job, n))
     print("\n" + explain_choice(job.auto_package))
     pictures = [args.out / "cuts.png"] if (args.out / "cuts.png").is_file() else []
+    _step("drawing the latency CDF")
     from splitinfer.demo_plots import latency_cdf
 
     pictures.append(

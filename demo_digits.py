@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from splitinfer.demo import Job, Strategy, _partition, _say, split_candidate
+from splitinfer.demo import Job, Strategy, _partition, _say, _step, split_candidate
 
-#: --adapt-seconds of the private run: the fine-tune that keeps its answers usable.
+#: --adapt-time of the private run (seconds): the fine-tune that keeps its answers usable.
 ADAPT_SECONDS = 20
 
 
@@ -24,6 +24,7 @@ def build_digits(
     from splitinfer.models.digits import export_digits, load_digits_split, train_digits_cnn
 
     t0 = time.perf_counter()
+    _step("training the digits CNN")
     x_train, _, x_test, y_test = load_digits_split(0)
     net = train_digits_cnn(seed=0)
     model = export_digits(out / "digits.onnx", seed=0, net=net)
@@ -44,9 +45,10 @@ def build_digits(
         _partition(
             [*common, "--split", "auto", "-o", str(pk / "private"), "--epsilon", str(epsilon),
              "--clip", f"{clip:.3g}", "--bottleneck", "10", "--adapt-cloud",
-             "--adapt-seconds", str(ADAPT_SECONDS), "--candidates", "3"]
+             "--adapt-time", f"{ADAPT_SECONDS}s", "--candidates", "3"]
         )  # fmt: skip
     _say(f"partitioned {3 + with_private} ways in {time.perf_counter() - t0:.1f} s")
+    _step("the fp32 model's answers")
     repo = out / "repository" / "digits"
     for version, name in (("1", "auto"), ("2", "cloud-only"), ("3", "private")):
         if (pk / name).is_dir():

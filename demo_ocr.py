@@ -2,7 +2,7 @@
 
 The model ships inside the ``ddddocr`` wheel (``splitinfer[demo]``); see
 :mod:`splitinfer.models.ocr` for the graph edits and the inputs. Every edge
-agent emulates a Raspberry Pi 5 (``--runtime-emulate-device raspberry-pi-5``,
+agent emulates a Raspberry Pi 5 (``--emulate-device raspberry-pi-5``,
 the slowest built-in edge profile) and the partitioner plans for that profile.
 """
 
@@ -28,20 +28,24 @@ CALIBRATION_SEED = 0
 def build_ocr(
     out: Path, trace: Path, epsilon: float, samples: int, with_private: bool = True
 ) -> tuple[list[Strategy], Job]:
-    from splitinfer.demo import Job, Strategy, _partition, _say, split_candidate
+    from splitinfer.demo import Job, Strategy, _partition, _say, _step, split_candidate
     from splitinfer.models import ocr
     from splitinfer.shared.ortsession import open_session
 
     t0 = time.perf_counter()
+    _step("exporting ddddocr's captcha recogniser with an argmax head")
     model = ocr.export_ocr(out / "ocr.onnx")
+    _step(f"drawing {CALIBRATION} + {samples} captchas")
     x_cal, _ = ocr.make_captchas(CALIBRATION, CALIBRATION_SEED)
     x_test, texts = ocr.make_captchas(samples, TEST_SEED)
+    _step("checking the exported model against the source on 8 captchas")
     ocr.verify_export(model, x_test[:8])
     calib = out / "calibration"
     calib.mkdir(exist_ok=True)
     np.save(calib / "captchas.npy", x_cal)
     chars = ocr.charset()
     src = open_session(model)
+    _step(f"the fp32 model's answers to {samples} captchas")
     fp32 = [ocr.decode(src.run(None, {ocr.INPUT_NAME: x_test[i : i + 1]})[0], chars)
             for i in range(len(x_test))]  # fmt: skip
     _say(

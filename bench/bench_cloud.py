@@ -273,7 +273,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Settings, list[in
         action="append",
         default=[],
         metavar="FLAG",
-        help="pass a flag to cloud-service (repeatable), e.g. --service-arg=--intra-op-threads=1",
+        help="pass a flag to cloud-service (repeatable), e.g. --service-arg=--threads=1",
     )
     args = p.parse_args(argv)
     levels = [1, 8, 32] if args.quick else [int(v) for v in args.levels.split(",")]

@@ -25,7 +25,7 @@ with their built codecs, which this benchmark does not repeat.
 MEASURE (the real path). One split package per model carries every measured cut
 (fp32 segments, each cut's codec as the partitioner writes it). One real
 ``cloud-service`` serves it; per device one real ``edge-agent`` process
-(``--runtime-emulate-device``, ``edge/emulate.py``: every edge segment takes at
+(``--emulate-device``, ``edge/emulate.py``: every edge segment takes at
 least the profile's time) sends through one ``EmulatedLink`` (``sim/link.py``) in
 front of the cloud with no rate limit and no delay. Requests are pinned to a cut
 (``X-Splitinfer-Cut``) and sent one at a time, round-robin over the cuts: a warm-up
@@ -325,7 +325,7 @@ async def measure(
             await link.start()
             argv = agent_argv(0, package, f"{model_name}:1", scenario, [link], adaptive=False,
                               device=profile)  # fmt: skip
-            argv += ["--queue-request-timeout-s", "600", "--uplink-timeout-s", "600"]
+            argv += ["--queue-request-timeout", "600s", "--uplink-timeout", "600s"]
             agent = AgentProcess(argv, work / f"agent-{_slug(dev)}.log")
             say(f"  {dev}: starting the edge agent ({len(plans)} cuts)")
             try:

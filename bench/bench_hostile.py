@@ -283,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         one_thread = {"OMP_NUM_THREADS": "1"}
         cloud_args = [
             "--repository", repo.parent.parent, "--credentials", creds, "--listen", "127.0.0.1:0",
-            "--header-timeout-s", str(t["header"]), "--body-timeout-s", str(t["body"]),
-            "--keepalive-timeout-s", str(t["keepalive"]), "--max-connections", "200",
+            "--header-timeout", f"{t['header']}s", "--body-timeout", f"{t['body']}s",
+            "--keepalive-timeout", f"{t['keepalive']}s", "--max-connections", "200",
         ]  # fmt: skip
         with start(
             "cloud-service", cloud_args, log=work / "cloud.log", env=one_thread, timeout_s=120
@@ -292,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             edge_args = [
                 "--package", pkg, "--cloud", cloud.url, "--credentials", creds,
                 "--listen", "127.0.0.1:0",
-                "--queue-header-timeout-s", str(t["header"]),
-                "--queue-body-timeout-s", str(t["body"]),
-                "--queue-keepalive-timeout-s", str(t["keepalive"]),
+                "--queue-header-timeout", f"{t['header']}s",
+                "--queue-body-timeout", f"{t['body']}s",
+                "--queue-keepalive-timeout", f"{t['keepalive']}s",
                 "--queue-max-connections", "200",
             ]  # fmt: skip
             with start(

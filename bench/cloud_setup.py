@@ -46,13 +46,13 @@ class Settings:
             "warning",
             "--max-batch-size",
             str(self.max_batch),
-            "--max-queue-delay-ms",
-            str(self.delay_ms),
+            "--max-queue-delay",
+            f"{self.delay_ms}ms",
             "--max-queue-size",
             "4096",
             "--batching" if batching else "--no-batching",
             *self.service_args,
-            *(["--spinning"] if self.spinning else []),
+            *(["--spin"] if self.spinning else []),
         ]
 
 
@@ -142,7 +142,7 @@ def session(path: Path, spinning: bool) -> Any:
     from splitinfer.cloud.runtime import session_options
     from splitinfer.shared.ortsession import open_session
 
-    return open_session(path, options=session_options(RuntimeConfig(spinning=spinning)))
+    return open_session(path, options=session_options(RuntimeConfig(spin=spinning)))
 
 
 class Bare:

@@ -227,21 +227,21 @@ def check_model(name: str, folder: Path, runs: int, batch: int) -> list[Row]:
             "int8",
             paths["int8"],
             "int8",
-            RuntimeConfig(provider="tensorrt", trt_fp16=True, trt_int8=True),
+            RuntimeConfig(providers=("tensorrt",), trt_fp16=True, trt_int8=True),
         ),
         (
             "edge",
             "fp16",
             paths["fp32"],
             "fp32",
-            RuntimeConfig(provider="tensorrt", trt_fp16=True, trt_int8=False),
+            RuntimeConfig(providers=("tensorrt",), trt_fp16=True, trt_int8=False),
         ),
         (
             "edge",
             "fp32",
             paths["fp32"],
             "fp32",
-            RuntimeConfig(provider="tensorrt", trt_fp16=False, trt_int8=False),
+            RuntimeConfig(providers=("tensorrt",), trt_fp16=False, trt_int8=False),
         ),
     ]
     cloud_feeds: Feed = {}
@@ -257,7 +257,7 @@ def check_model(name: str, folder: Path, runs: int, batch: int) -> list[Row]:
                 "fp16",
                 paths["cloud"],
                 "fp32",
-                RuntimeConfig(provider="tensorrt", trt_fp16=True, trt_int8=False),
+                RuntimeConfig(providers=("tensorrt",), trt_fp16=True, trt_int8=False),
             )
         )
     parse = tensorrt_parse_errors(paths["int8"])

@@ -10,5 +10,6 @@ Modules, pure logic first: ``config`` (options), ``batcher`` and ``estimate``
 (when batches run), ``overload`` (refusals, rate limits, breakers),
 ``traffic`` (which version), ``repository`` (what is on disk), ``tensors``
 (padding, stacking), ``runtime`` (sessions), ``registry`` (loaded versions,
-hot reload), ``metrics``, ``engine``, ``server``, ``cli``.
+hot reload), ``metrics``, ``engine``, ``handler``, ``status`` (the page at ``/``),
+``server``, ``cli``.
 """

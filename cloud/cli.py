@@ -25,7 +25,14 @@ from typing import Any
 from splitinfer import __version__
 from splitinfer.cloud.config import ServiceConfig, build_config
 from splitinfer.cloud.server import serve
-from splitinfer.shared.cli import ArgumentParser, add_debug_flag, run_cli
+from splitinfer.serving.loop import loop_factory, loop_name
+from splitinfer.shared.cli import (
+    ArgumentParser,
+    add_debug_flag,
+    add_version_flag,
+    examples,
+    run_cli,
+)
 from splitinfer.shared.options import add_flags, load_toml, merge_flags, set_key
 
 PROG = "cloud-service"
@@ -35,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog=PROG,
         description="Serve the cloud segments of split packages: batching, versions, metrics.",
+        epilog=examples(
+            "cloud-service --repository repo --credentials credentials.toml --listen 0.0.0.0:8080",
+            "cloud-service --repository repo --no-auth --max-batch-size 16 "
+            "--max-queue-delay 5ms --providers cuda,cpu",
+            "cloud-service --config cloud.toml --set models.ocr.canary_percent=10 --print-config",
+        ),
     )
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML config file")
     p.add_argument(
@@ -43,13 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY.PATH=VALUE",
         help="set any config key, TOML value syntax (repeatable), "
-        'e.g. models.resnet.versions=\'["1","2"]\' or models.resnet.canary_percent=10',
+        'e.g. models.resnet.versions=\'["1","2"]\' or models.resnet.canary_percent=10 '
+        "(default: none)",
     )
     p.add_argument(
         "--print-config", action="store_true", help="print the effective config as JSON and exit"
     )
     add_debug_flag(p)
-    p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
+    add_version_flag(p, __version__)
     add_flags(p, ServiceConfig, "service")
     return p
 
@@ -60,7 +74,12 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     for assignment in args.set:
         set_key(data, assignment)
     merge_flags(data, args, ServiceConfig)
-    return build_config(data, where=str(args.config) if args.config else "options")
+    where = str(args.config) if args.config else "options"
+    return build_config(data, where=where, warn=_warn)
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
 
 
 def _jsonable(config: ServiceConfig) -> dict[str, Any]:
@@ -78,13 +97,15 @@ def _body(argv: Sequence[str] | None) -> int:
         format="%(asctime)s cloud-service %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    asyncio.run(_run(config))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop when installed
+        runner.run(_run(config))
     return 0
 
 
 async def _run(config: ServiceConfig) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    logging.getLogger("splitinfer.cloud").info("event loop: %s", loop_name(loop))
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await serve(config, stop, started=lambda url: print(f"{PROG}: listening on {url}", flush=True))

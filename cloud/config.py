@@ -1,7 +1,9 @@
 """The cloud service's configuration: frozen dataclasses, a TOML file, command-line flags.
 
 Each option is defined once, as a dataclass field with a ``help`` in its
-metadata; ``__post_init__`` rejects a bad value naming it and the fix. The TOML
+metadata (the settings the edge agent shares, ``[runtime]``'s providers, threads and
+TensorRT and ``[privacy]``'s budget, in :mod:`splitinfer.shared.settings`);
+``__post_init__`` rejects a bad value naming it and the fix. The TOML
 file mirrors the dataclasses (``[batching]``, ``[runtime]``, ``[overload]``, ``[privacy]``,
 ``[models.<name>]``); :mod:`splitinfer.cloud.cli` generates one flag per scalar
 option from the same fields and takes ``--set models.NAME.KEY=VALUE`` for the
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,9 @@ from typing import Any
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.frame import Limits
 from splitinfer.shared.options import at_least, build, check, load_toml, option, section, set_key
+from splitinfer.shared.settings import PROVIDERS, PrivacyBudget, RuntimeOptions
 
-PROVIDER_NAMES = ("tensorrt", "cuda", "cpu")
+PROVIDER_NAMES = PROVIDERS
 VERSION_MODES = ("latest", "all", "list")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -50,7 +53,7 @@ class BatchingConfig:
         False, "learn batch latency vs size and wait only while a request is due sooner"
     )
     aimd: bool = option(
-        False, "adapt the batch size AIMD-style: +1 under aimd_target_ms, x0.9 over it"
+        False, "adapt the batch size AIMD-style: +1 under --aimd-target, x0.9 over it"
     )
     aimd_target_ms: float = option(
         50.0, "batch compute time AIMD keeps batches under", minimum=0.001
@@ -66,36 +69,17 @@ class BatchingConfig:
 
 
 @dataclass(frozen=True)
-class PrivacyConfig:
-    """Per-device privacy budgets the cloud enforces on noised frames.
+class PrivacyConfig(PrivacyBudget):
+    """Per-device privacy budgets the cloud enforces on noised frames (the budget the
+    edge agent keeps too, :class:`~splitinfer.shared.settings.PrivacyBudget`).
 
     Defence in depth: the edge agent keeps its own budget (docs/privacy.md), but a
     device that skips it (a bug, or a modified agent) is still held to this one.
     """
 
-    max_epsilon: float = option(
-        0.0,
-        "largest epsilon one device may spend per window on noised frames, composed by "
-        "the accountant (0: not enforced); beyond it 429 with Retry-After",
-        minimum=0.0,
+    budget_delta: float | None = option(
+        1e-5, "delta at which a window's epsilon is measured (the cloud sees no package's)"
     )
-    window_s: float = option(3600.0, "the budget window, seconds (tumbling)", minimum=1e-3)
-    delta: float = option(1e-5, "delta at which a window's epsilon is measured")
-    accountant: str = option(
-        "rdp",
-        "opacus accountant composing the releases: rdp (0.3 ms a charge here) or prv "
-        "(tighter, but about 0.4 s a charge: not for a busy service)",
-        choices=("rdp", "prv"),
-    )
-
-    def __post_init__(self) -> None:
-        check(self, "privacy.")
-        if not 0 < self.delta < 1:
-            raise ConfigError(f"privacy.delta={self.delta!r}: must be in (0, 1), e.g. 1e-5")
-
-    @property
-    def enforced(self) -> bool:
-        return self.max_epsilon > 0
 
 
 #: eviction policies of the MoE expert cache (``cloud/moe/cache.py`` POLICIES)
@@ -103,31 +87,19 @@ EXPERT_POLICIES = ("lfru", "lru", "none")
 
 
 @dataclass(frozen=True)
-class RuntimeConfig:
-    """ONNX Runtime sessions for the cloud segments (see ``runtime.py``)."""
+class RuntimeConfig(RuntimeOptions):
+    """ONNX Runtime sessions for the cloud segments (see ``runtime.py``): the settings
+    shared with the edge agent (:class:`~splitinfer.shared.settings.RuntimeOptions`),
+    and the cloud's own."""
 
-    providers: tuple[str, ...] = option(
-        PROVIDER_NAMES,
-        "execution providers in order of preference, those present are used (tensorrt, cuda, cpu)",
-    )
-    intra_op_threads: int = option(
-        0, "threads inside one operator (0: ONNX Runtime's default)", minimum=0
-    )
+    trt_fp16: bool = option(False, "let TensorRT build fp16 kernels")
     inter_op_threads: int = option(
         1, "threads across operators (1: sequential execution)", minimum=0
     )
-    spinning: bool = option(
-        False,
-        "let idle ONNX Runtime threads spin (faster hand-off, but they eat the CPU "
-        "the event loop needs)",
-    )
     io_binding: bool = option(True, "bind inputs/outputs on GPU providers to save copies")
-    trt_fp16: bool = option(False, "let TensorRT build fp16 kernels")
-    trt_cache_dir: str = option("", "folder for TensorRT engine caches ('' = none)", metavar="DIR")
-    device_id: int = option(0, "the GPU ordinal for CUDA and TensorRT", minimum=0)
     expert_cache_bytes: int = option(
         0,
-        "device bytes for the experts of each loaded MoE model (0: no bound, every expert "
+        "device memory for the experts of each loaded MoE model (0: no bound, every expert "
         "stays resident once used); see docs/moe.md",
         minimum=0,
     )
@@ -141,12 +113,7 @@ class RuntimeConfig:
     )
 
     def __post_init__(self) -> None:
-        check(self)
-        if not self.providers or any(p not in PROVIDER_NAMES for p in self.providers):
-            raise ConfigError(
-                f"providers={list(self.providers)!r}: "
-                f"give one or more of {', '.join(PROVIDER_NAMES)}"
-            )
+        super().__post_init__()
 
 
 @dataclass(frozen=True)
@@ -164,7 +131,7 @@ class OverloadConfig:
         5, "consecutive failed batches that open a version's breaker", minimum=1
     )
     breaker_cooldown_s: float = option(
-        10.0, "seconds an open breaker waits before one trial batch", minimum=0.0
+        10.0, "how long an open breaker waits before one trial batch", minimum=0.0
     )
 
     def __post_init__(self) -> None:
@@ -243,16 +210,16 @@ class ServiceConfig:
     )
     nonce_store: str = option(
         "",
-        "where accepted nonces are remembered: '' (this process; the default) or "
-        "redis://HOST:PORT/DB, shared by replicas with the same audience",
+        "where accepted nonces are remembered: redis://HOST:PORT/DB, shared by replicas with "
+        "the same audience (default: '', this process)",
     )
     max_inflight_bytes: int = option(
         128 * 2**20,
-        "request body bytes being read at once over all clients; beyond: 503 + Retry-After",
+        "request body bytes read at once over all clients; beyond: 503 + Retry-After",
         minimum=1,
     )
     max_device_inflight_bytes: int = option(
-        64 * 2**20, "request body bytes being read at once for one device; beyond: 503", minimum=1
+        64 * 2**20, "request body bytes read at once for one device; beyond: 503", minimum=1
     )
     accept_raw: bool = option(
         False,
@@ -263,22 +230,22 @@ class ServiceConfig:
         8 * 2**20, "largest infer.json body (parsed off the event loop)", minimum=1
     )
     header_timeout_s: float = option(
-        10.0, "seconds a new connection may take to send its first request's headers", minimum=0.001
+        10.0,
+        "how long a new connection may take to send its first request's headers",
+        minimum=0.001,
     )
     body_timeout_s: float = option(
-        30.0, "seconds a request body may take to arrive (then 408)", minimum=0.001
+        30.0, "how long a request body may take to arrive (then 408)", minimum=0.001
     )
     keepalive_timeout_s: float = option(
         15.0,
-        "seconds an idle keep-alive connection (or one sending its next headers) is kept",
+        "how long an idle keep-alive connection (or one sending its next headers) is kept",
         minimum=0.001,
     )
     max_connections: int = option(
         1000, "connections open at once; more get 503 and are closed", minimum=1
     )
-    watch_interval_s: float = option(
-        0.0, "rescan the repository every N seconds (0: off)", minimum=0.0
-    )
+    watch_interval_s: float = option(0.0, "rescan the repository this often (0: off)", minimum=0.0)
     drain_timeout_s: float = option(
         30.0, "on shutdown, how long queued requests may finish", minimum=0.0
     )
@@ -288,9 +255,20 @@ class ServiceConfig:
     )
     log_level: str = option("info", "debug, info, warning or error", metavar="LEVEL")
     batching: BatchingConfig = section(BatchingConfig, prefix="")
-    runtime: RuntimeConfig = section(RuntimeConfig, prefix="")
+    runtime: RuntimeConfig = section(
+        RuntimeConfig,
+        prefix="",
+        old={"threads": ["intra_op_threads"], "spin": ["spinning"], "gpu": ["device_id"]},
+    )
     overload: OverloadConfig = section(OverloadConfig, prefix="")
-    privacy: PrivacyConfig = section(PrivacyConfig)  # flags --privacy-*
+    privacy: PrivacyConfig = section(  # flags --privacy-*
+        PrivacyConfig,
+        old={
+            "budget_epsilon": ["max_epsilon"],
+            "budget_window_s": ["window_s"],
+            "budget_delta": ["delta"],
+        },
+    )
     models: Mapping[str, ModelPolicy] = option(
         default_factory=dict,
         help="per-model policies, [models.<name>] tables (--set models.NAME.KEY=VALUE)",
@@ -304,10 +282,10 @@ class ServiceConfig:
         check(self)
         if not self.max_body_bytes <= self.max_device_inflight_bytes <= self.max_inflight_bytes:
             raise ConfigError(
-                f"max_body_bytes={self.max_body_bytes} <= max_device_inflight_bytes="
-                f"{self.max_device_inflight_bytes} <= max_inflight_bytes="
-                f"{self.max_inflight_bytes} must hold, or a largest body could never be read; "
-                "raise the in-flight bounds or lower max_body_bytes"
+                f"max_body={self.max_body_bytes} <= max_device_inflight="
+                f"{self.max_device_inflight_bytes} <= max_inflight="
+                f"{self.max_inflight_bytes} (bytes) must hold, or a largest body could never be "
+                "read; raise the in-flight bounds or lower max_body"
             )
         if self.nonce_store and not self.nonce_store.startswith(("redis://", "rediss://")):
             raise ConfigError(
@@ -352,9 +330,12 @@ class ServiceConfig:
         return not self.no_auth
 
 
-def build_config(data: Mapping[str, Any], where: str = "config") -> ServiceConfig:
-    """A :class:`ServiceConfig` from a TOML-shaped mapping; unknown keys are errors."""
-    return build(ServiceConfig, data, where)
+def build_config(
+    data: Mapping[str, Any], where: str = "config", warn: Callable[[str], None] | None = None
+) -> ServiceConfig:
+    """A :class:`ServiceConfig` from a TOML-shaped mapping; unknown keys are errors, and
+    ``warn`` gets one line per former (deprecated) key."""
+    return build(ServiceConfig, data, where, warn)
 
 
 #: ``--set KEY.PATH=VALUE`` (and the Ray ingress's ``key=value`` arguments) on a TOML mapping.

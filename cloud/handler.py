@@ -29,10 +29,12 @@ from urllib.parse import unquote
 
 from prometheus_client import Counter
 
+from splitinfer import __version__
 from splitinfer.cloud.config import ServiceConfig
 from splitinfer.cloud.engine import DEFAULT_PRIORITY, Engine
 from splitinfer.cloud.guard import Guard
 from splitinfer.cloud.metrics import UNKNOWN
+from splitinfer.cloud.status import engine_status, render_status
 from splitinfer.serving.body import ClientGone
 from splitinfer.shared.auth import CredentialStore
 from splitinfer.shared.contract import (
@@ -54,6 +56,7 @@ from splitinfer.shared.errors import (
     ProtocolError,
     SplitInferError,
 )
+from splitinfer.shared.statuspage import PAGE_HEADERS
 
 log = logging.getLogger("splitinfer.cloud")
 
@@ -92,6 +95,10 @@ class Backend(Protocol):
     def models(self) -> dict[str, Any]: ...
 
     def readiness(self) -> tuple[bool, dict[str, Any]]: ...
+
+    def status(self) -> dict[str, Any]:
+        """What the status page at ``GET /`` shows (``cloud/status.py``)."""
+        ...
 
     def metrics(self) -> Reply: ...
 
@@ -246,6 +253,8 @@ def _media_type(headers: Mapping[str, str]) -> str:
 
 
 def _content_type(headers: Mapping[str, str], wanted: str) -> None:
+    if headers.get("Content-Type") == wanted:  # as clients send it: nothing to normalise
+        return
     got = _media_type(headers)
     if got != wanted:
         raise UnsupportedMediaType(f"Content-Type {got!r}: send {wanted}")
@@ -328,7 +337,12 @@ class CloudHandler:
         body: BodyStream,
         remote: str,
     ) -> Reply:
+        if model is not None and method == "POST":  # inference: no other route matches
+            if route.endswith(".json"):
+                return await self._infer_json(model, path, headers, body, remote)
+            return await self._infer(model, path, headers, body, remote)
         gets = {
+            "/": self._index,
             "/healthz": self._healthz,
             "/readyz": self._readyz,
             MODELS_PATH: self._models,
@@ -396,6 +410,12 @@ class CloudHandler:
     def _models(self) -> Reply:
         return json_reply(self.backend.models())
 
+    def _index(self) -> Reply:
+        doc = self.backend.status()
+        doc["auth"] = not self.config.no_auth
+        doc["version"] = __version__
+        return Reply(200, dict(PAGE_HEADERS), render_status(doc).encode())
+
 
 # -- the in-process engine --------------------------------------------------------------
 
@@ -405,6 +425,7 @@ class EngineBackend:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.started = engine.clock()
         self.aborts = Counter(
             "splitinfer_aborted_uploads",
             "Requests whose client closed the connection before its body was complete",
@@ -443,6 +464,9 @@ class EngineBackend:
             }
             model["load"] = round(engine.load(model["name"]), 4)
         return status
+
+    def status(self) -> dict[str, Any]:
+        return engine_status(self.engine, self.models(), self.engine.clock() - self.started)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         engine = self.engine

@@ -20,8 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 from splitinfer.cloud.config import RuntimeConfig
+from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.ortsession import open_session
 from splitinfer.shared.ortsession import session_options as shared_session_options
+from splitinfer.shared.settings import AUTO, PROVIDERS
 
 log = logging.getLogger("splitinfer.cloud")
 
@@ -36,13 +38,21 @@ GPU_PROVIDERS = frozenset({ORT_NAMES["tensorrt"], ORT_NAMES["cuda"]})
 
 
 def choose_providers(preference: Sequence[str], available: Sequence[str]) -> list[str]:
-    """ORT provider names to use, best first: preferred ones that are available, then CPU.
+    """ORT provider names to use, best first: preferred ones that are available, then CPU
+    (``auto``: TensorRT, CUDA, CPU); a preference none of which is available is refused.
 
     >>> choose_providers(["tensorrt", "cuda", "cpu"], ["CUDAExecutionProvider",
     ...                  "CPUExecutionProvider"])
     ['CUDAExecutionProvider', 'CPUExecutionProvider']
     """
+    if list(preference) == [AUTO]:
+        preference = PROVIDERS
     chosen = [ORT_NAMES[p] for p in preference if ORT_NAMES[p] in available]
+    if not chosen:
+        raise ConfigError(
+            f"runtime.providers={','.join(preference)}, but this onnxruntime has none of them "
+            f"(it has {', '.join(sorted(available))}); install onnxruntime-gpu or add cpu"
+        )
     cpu = ORT_NAMES["cpu"]
     if cpu not in chosen:
         chosen.append(cpu)  # ORT needs a CPU fallback for nodes GPU providers refuse
@@ -52,15 +62,16 @@ def choose_providers(preference: Sequence[str], available: Sequence[str]) -> lis
 def provider_options(name: str, config: RuntimeConfig) -> dict[str, str]:
     """The options ONNX Runtime takes for provider ``name``."""
     if name == ORT_NAMES["cuda"]:
-        return {"device_id": str(config.device_id)}
+        return {"device_id": str(config.gpu)}
     if name == ORT_NAMES["tensorrt"]:
         opts = {
-            "device_id": str(config.device_id),
+            "device_id": str(config.gpu),
             "trt_fp16_enable": "True" if config.trt_fp16 else "False",
+            "trt_max_workspace_size": str(config.trt_workspace_mb * 2**20),
         }
-        if config.trt_cache_dir:
+        if config.trt_cache_dir is not None:
             opts["trt_engine_cache_enable"] = "True"
-            opts["trt_engine_cache_path"] = config.trt_cache_dir
+            opts["trt_engine_cache_path"] = str(config.trt_cache_dir)
         return opts
     return {}
 
@@ -69,9 +80,9 @@ def session_options(config: RuntimeConfig) -> Any:
     """The service's SessionOptions: its threads, spinning, and parallel execution
     when it has more than one inter-op thread."""
     return shared_session_options(
-        threads=config.intra_op_threads,
+        threads=config.threads,
         inter_threads=config.inter_op_threads,
-        spinning=config.spinning,
+        spinning=config.spin,
         parallel=config.inter_op_threads > 1,
         sequential=config.inter_op_threads <= 1,
     )

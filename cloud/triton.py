@@ -20,7 +20,7 @@ cloud service itself) in front of it. MoE packages are refused: their MoE
 layers are not ONNX.
 
     splitinfer-triton PACKAGE -o REPO [--cut ID] [--max-batch-size N]
-                      [--max-queue-delay-us N] [--version N] ...
+                      [--max-queue-delay DURATION] [--model-version N] ...
 """
 
 from __future__ import annotations
@@ -37,11 +37,20 @@ from typing import Any
 
 import onnx
 
+from splitinfer import __version__
 from splitinfer.cloud.config import BatchingConfig, load_toml
 from splitinfer.cloud.config import build_config as build_service_config
-from splitinfer.shared.cli import ArgumentParser, add_debug_flag, run_cli
+from splitinfer.shared.cli import (
+    ArgumentParser,
+    add_debug_flag,
+    add_version_flag,
+    examples,
+    run_cli,
+)
 from splitinfer.shared.errors import ConfigError, PackageError
+from splitinfer.shared.links import parse_duration
 from splitinfer.shared.manifest import Cut, Manifest
+from splitinfer.shared.options import Deprecated
 from splitinfer.shared.package import Package, open_package
 
 PROG = "splitinfer-triton"
@@ -140,13 +149,13 @@ class TritonOptions:
         if self.max_batch_size is not None and self.max_batch_size < 0:
             raise ConfigError(f"--max-batch-size {self.max_batch_size}: must be >= 0")
         if self.max_queue_delay_us < 0:
-            raise ConfigError(f"--max-queue-delay-us {self.max_queue_delay_us}: must be >= 0")
+            raise ConfigError(f"--max-queue-delay {self.max_queue_delay_us}us: must be >= 0")
         if any(b < 1 for b in self.preferred_batch_sizes):
             raise ConfigError(
                 f"--preferred-batch-size {list(self.preferred_batch_sizes)}: sizes must be >= 1"
             )
         if self.version < 1:
-            raise ConfigError(f"--version {self.version}: Triton versions are integers >= 1")
+            raise ConfigError(f"--model-version {self.version}: Triton versions are integers >= 1")
         if self.instance_kind not in KINDS:
             raise ConfigError(f"--instance-kind {self.instance_kind!r}: one of {', '.join(KINDS)}")
         if self.instance_count < 1:
@@ -295,7 +304,7 @@ def export(
     model_dir = Path(repository) / config.name
     final = model_dir / str(options.version)
     if final.exists() and not force:
-        raise ConfigError(f"{final} already exists: give another --version, or --force")
+        raise ConfigError(f"{final} already exists: give another --model-version, or --force")
     tmp = model_dir / f".{options.version}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir(parents=True)
     try:
@@ -373,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog=PROG,
         description="Export a split package's cloud segment as a Triton Inference Server model.",
+        epilog=examples(
+            "splitinfer-triton pkg -o triton-repo --max-batch-size 32",
+            "splitinfer-triton pkg -o triton-repo --config cloud.toml --model-version 2 "
+            "--instance-kind cpu",
+            "splitinfer-triton pkg -o triton-repo --max-queue-delay 500us --force",
+        ),
     )
     p.add_argument("package", type=Path, metavar="PACKAGE", help="a split package folder")
     p.add_argument(
@@ -383,7 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REPO",
         help="the Triton model repository to write into",
     )
-    p.add_argument("--cut", default=None, metavar="ID", help="the cut (default: the package's)")
+    p.add_argument(
+        "--cut", default=None, metavar="ID", help="the cut (default: the package's default cut)"
+    )
     p.add_argument("--name", default="", help="Triton model name (default: the package's model)")
     p.add_argument(
         "--config",
@@ -399,11 +416,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="0: no batching (default: the cloud config's, 0 if unbatchable)",
     )
     p.add_argument(
-        "--max-queue-delay-us",
-        type=int,
+        "--max-queue-delay",
+        type=_delay,
         default=None,
-        metavar="N",
-        help="dynamic batching queue delay (default: the cloud config's)",
+        metavar="DURATION",
+        help="dynamic batching queue delay, e.g. 500us (default: the cloud config's, 2ms)",
+    )
+    p.add_argument(
+        "--max-queue-delay-us",
+        action=Deprecated,
+        dest="max_queue_delay",
+        new="--max-queue-delay",
+        type=_delay_us,
     )
     p.add_argument(
         "--preferred-batch-size",
@@ -412,29 +436,73 @@ def build_parser() -> argparse.ArgumentParser:
         help="preferred batch sizes (default: the max batch size)",
     )
     p.add_argument(
-        "--version",
+        "--model-version",
         type=int,
         default=1,
         metavar="N",
-        help="the version folder to write (default 1)",
+        help="the model's version folder to write (default: 1)",
     )
     p.add_argument(
         "--version-policy",
         default="latest:1",
         metavar="POLICY",
-        help="latest:N, all or specific:V[,V...] (default latest:1)",
+        help="latest:N, all or specific:V[,V...] (default: latest:1)",
     )
-    p.add_argument("--instance-kind", default="gpu", choices=sorted(KINDS))
+    p.add_argument(
+        "--instance-kind",
+        default="gpu",
+        choices=sorted(KINDS),
+        help="where Triton runs the model's instances: gpu, cpu or auto, Triton's "
+        "KIND_GPU/KIND_CPU/KIND_AUTO (default: gpu)",
+    )
     p.add_argument(
         "--instances",
         type=int,
         default=1,
         metavar="N",
-        help="model instances per device (default 1)",
+        help="model instances per device (default: 1)",
     )
     p.add_argument("--force", action="store_true", help="overwrite an existing version folder")
     add_debug_flag(p)
+    add_version_flag(p, __version__)
     return p
+
+
+def _delay(text: str) -> int:
+    """``--max-queue-delay``: microseconds, Triton's unit, of a duration (``500us``)."""
+    try:
+        seconds = 0.0 if text.strip() == "0" else parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return round(seconds * 1e6)
+
+
+def _delay_us(text: str) -> int:
+    """The former ``--max-queue-delay-us N``."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of microseconds") from None
+
+
+def former_version(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the former ``--version N`` (the model's version folder) as
+    ``--model-version N``, told once on stderr; ``--version`` alone prints the version."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--":
+            break
+        value = arg.partition("=")[2] if arg.startswith("--version=") else None
+        if arg == "--version" and i + 1 < len(out) and out[i + 1].isdigit():
+            value = out.pop(i + 1)
+        if value is not None:
+            print(
+                f"{PROG}: warning: --version N is deprecated; use --model-version N",
+                file=sys.stderr,
+            )
+            out[i] = f"--model-version={value}"
+            return out
+    return out
 
 
 def _batching_defaults(path: Path | None, model: str) -> BatchingConfig:
@@ -453,20 +521,20 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 
 def _body(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(former_version(sys.argv[1:] if argv is None else argv))
     manifest = open_package(args.package, verify=False).manifest
     batching = _batching_defaults(args.config, manifest.model_name)
     max_batch = args.max_batch_size
     if max_batch is None and args.config is not None:
         max_batch = batching.max_batch_size
-    delay = args.max_queue_delay_us
+    delay = args.max_queue_delay
     if delay is None:
         delay = round(batching.max_queue_delay_ms * 1000)
     options = TritonOptions(
         max_batch_size=max_batch,
         max_queue_delay_us=delay,
         preferred_batch_sizes=_ints(args.preferred_batch_size, "--preferred-batch-size"),
-        version=args.version,
+        version=args.model_version,
         policy=VersionPolicy.parse(args.version_policy),
         instance_kind=args.instance_kind,
         instance_count=args.instances,

@@ -12,7 +12,8 @@ Modules, from the bottom up:
 * ``noise``: clip and noise, and the privacy budget; ``wire``: codecs and int8
   parameters per cut tensor;
 * ``pipeline``: one request, in process, with no sockets;
-* ``agent``: the aiohttp local API; ``metrics``: Prometheus;
+* ``agent``: the aiohttp local API; ``status``: ``/v1/status`` and the status
+  page at ``/``; ``metrics``: Prometheus;
 * ``cli``: ``edge-agent`` and ``edge-agent profile`` (``profile``);
 * ``testing``: a cloud half in process for tests and simulations.
 

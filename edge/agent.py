@@ -5,8 +5,10 @@
                        image/jpeg, ...) when the package declares preprocessing
                        (else 415); answers an .npz of the outputs (JSON for a
                        JSON request, or with Accept: application/json)
+    GET  /             the status page (HTML, read-only: edge/status.py)
     GET  /healthz      200 "ok" while the process is alive
-    GET  /v1/status    JSON: cut, link estimate, cloud load, endpoints, budget
+    GET  /v1/status    JSON: cut and why, each candidate's predicted latency, link
+                       estimate, cloud load, endpoints, latency, budget
     GET  /metrics      Prometheus text format
 
 Request headers: ``X-Splitinfer-Timings: 1`` asks for per-stage timings (a
@@ -53,6 +55,7 @@ from splitinfer.edge.payload import (
     parse_body,
 )
 from splitinfer.edge.pipeline import Pipeline, Result
+from splitinfer.edge.status import render_status, status_doc
 from splitinfer.edge.transport import HttpTransport, Transport, make_session
 from splitinfer.serving.body import BodyBudget, ClientGone, read_body
 from splitinfer.shared.auth import Credential, CredentialStore, client_ssl_context, sign
@@ -69,6 +72,7 @@ from splitinfer.shared.contract import (
     HEADER_VERSION,
 )
 from splitinfer.shared.errors import ConfigError, OverloadError, SplitInferError
+from splitinfer.shared.statuspage import PAGE_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +128,8 @@ class AgentState:
     warm: dict[str, float] = field(default_factory=dict)
     aborted: Any = None  # prometheus Counter, see _aborted
     budget: BodyBudget = field(default_factory=lambda: BodyBudget(2**62, 2**62))
+    #: When the app was made, on the pipeline's clock (uptime).
+    started: float = 0.0
 
 
 STATE = web.AppKey("state", AgentState)
@@ -177,6 +183,7 @@ def create_app(
     q = config.queue
     state = AgentState(config, model, EdgeMetrics(), Admission(q.max_concurrency, q.max_queue))
     state.budget = BodyBudget(q.max_inflight_bytes, q.max_inflight_bytes)
+    state.started = clock()
     app = web.Application(client_max_size=q.max_body_bytes, middlewares=[_errors])
     app[STATE] = state
 
@@ -246,6 +253,7 @@ def create_app(
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/infer", infer)
+    app.router.add_get("/", index)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/metrics", metrics)
@@ -410,35 +418,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     state, pipeline = _pipeline(request)
-    est = pipeline.estimate()
-    now = pipeline.now()
-    doc: dict[str, Any] = {
-        "model": pipeline.model_name,
-        "model_version": pipeline.model_version,
-        "cut": pipeline.current_cut,
-        "cuts": list(pipeline.cuts),
-        "switches": pipeline.chooser.switches,
-        "estimate": {
-            "uplink_bps": est.link.uplink_bps,
-            "downlink_bps": est.link.downlink_bps,
-            "rtt_ms": est.link.rtt_s * 1e3,
-            "rate_samples": est.rate_samples,
-            "rtt_samples": est.rtt_samples,
-        },
-        "cloud_load": pipeline.chooser.load(now),
-        "cloud_overloaded": pipeline.chooser.loaded,
-        "endpoints": pipeline.uplink.states() if pipeline.uplink is not None else {},
-        "local_model": pipeline.local_runner() is not None,
-        "emulated_device": state.model.emulated,
-        "edge_ms": {k: v * 1e3 for k, v in pipeline.edge_s.items()},
-        "queue": {"running": state.admission.running, "waiting": state.admission.waiting},
-        "providers": sorted(
-            {p for rt in state.model.cuts.values() if rt.edge for p in rt.edge.providers}
-        ),
-    }
-    if pipeline.gate is not None and pipeline.gate.enforced:
-        doc["privacy_epsilon_spent"] = pipeline.gate.spent
-    return web.Response(body=json_bytes(doc), content_type=JSON_TYPE)
+    return web.Response(body=json_bytes(status_doc(state, pipeline)), content_type=JSON_TYPE)
+
+
+async def index(request: web.Request) -> web.Response:
+    """The status page: ``/v1/status`` as HTML."""
+    state, pipeline = _pipeline(request)
+    return web.Response(text=render_status(status_doc(state, pipeline)), headers=PAGE_HEADERS)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -4,6 +4,7 @@
                [--credentials FILE] [--device-id ID] [--config FILE]
                [--model NAME[:VERSION]] [--ca-file F] [--<section>-<option> VALUE ...]
     edge-agent profile --package DIR -o profile.json [--batch 1,4] [--runs 10]
+               [--providers cpu]
 
 Every option of :class:`~splitinfer.edge.config.EdgeConfig` is a flag; a TOML
 ``--config`` file sets the same names and flags override it. The daemon prints
@@ -26,59 +27,140 @@ from typing import Any
 from splitinfer import __version__
 from splitinfer.edge.config import EdgeConfig, add_flags, config_from_args
 from splitinfer.serving.sockets import ConnectionGate, bound_url, listen
-from splitinfer.shared.cli import DEBUG_FLAG, ArgumentParser, add_debug_flag, run_cli
+from splitinfer.shared.cli import (
+    DEBUG_FLAG,
+    ArgumentParser,
+    add_debug_flag,
+    add_version_flag,
+    examples,
+    run_cli,
+)
 from splitinfer.shared.errors import ConfigError
-from splitinfer.shared.options import load_toml
+from splitinfer.shared.options import Deprecated, load_toml
 
 PROG = "edge-agent"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+PROFILE_HELP = "measure per-node latency on this device (for partition --edge-profile)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
+    """The daemon's flags, and ``profile`` as a command (parsed by :func:`profile_parser`:
+    ``edge-agent profile ...`` never reaches the daemon's parser)."""
+    p = _DaemonParser(
         prog=PROG,
         description="Run the device half of split models: a local HTTP API that answers "
-        "with the package's edge segment and a cloud service.",
-        epilog="Subcommand: edge-agent profile --package DIR -o profile.json "
-        "(per-node latency on this device, for partition --edge-profile).",
+        "with the package's edge segment and a cloud service. Without a command: the daemon.",
+        epilog=examples(
+            "edge-agent --package pkg --cloud http://127.0.0.1:8080 --no-verify "
+            "--listen 127.0.0.1:8480",
+            "edge-agent --config /etc/splitinfer/edge.toml --uplink-timeout 2s --providers cuda",
+            "edge-agent profile --package pkg -o profile.json --batch 1,4",
+        ),
     )
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML file with these options")
-    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="default info")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="(default: info)")
     add_debug_flag(p)
-    p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
+    add_version_flag(p, __version__)
     add_flags(p)
+    commands = p.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        title="commands",
+        parser_class=ArgumentParser,
+        action=_Commands,
+    )
+    commands.add_parser(
+        "profile",
+        parents=[profile_parser()],
+        add_help=False,
+        help=PROFILE_HELP,
+        description=PROFILE_DESCRIPTION,
+    )
     return p
 
 
-def profile_parser() -> argparse.ArgumentParser:
+class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """The daemon's commands; a word that is none of them is an unrecognized argument
+    (as it was before the daemon had commands), not an invalid choice."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if values and values[0] not in self.choices:
+            extras = vars(namespace).setdefault(argparse._UNRECOGNIZED_ARGS_ATTR, [])
+            extras.extend(values)
+            return
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _DaemonParser(ArgumentParser):
+    """The daemon's parser: a word that is no command reaches :class:`_Commands`."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if not isinstance(action, _Commands):
+            super()._check_value(action, value)
+
+
+PROFILE_DESCRIPTION = (
+    "Measure per-node latency of the package's model on this device, in the format "
+    "partition --edge-profile reads."
+)
+
+
+def profile_parser() -> ArgumentParser:
     p = ArgumentParser(
         prog=f"{PROG} profile",
-        description="Measure per-node latency of the package's model on this device, in the "
-        "format partition --edge-profile reads.",
+        description=PROFILE_DESCRIPTION,
+        epilog=examples(
+            "edge-agent profile --package pkg -o profile.json",
+            "edge-agent profile --package pkg -o profile.json --batch 1,4 --providers cuda",
+        ),
     )
     p.add_argument("--package", type=Path, required=True, metavar="DIR", help="split package")
-    p.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
     p.add_argument(
-        "--batch", default="1", metavar="B[,B...]", help="batch sizes to measure (default 1)"
+        "-o", "--output", type=Path, required=True, metavar="FILE", help="profile JSON to write"
     )
-    p.add_argument("--runs", type=int, default=10, help="measured runs per batch (default 10)")
-    p.add_argument("--warmup", type=int, default=3, help="warm-up runs per batch (default 3)")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ORT's)")
     p.add_argument(
-        "--runtime-provider",
+        "--batch", default="1", metavar="B[,B...]", help="batch sizes to measure (default: 1)"
+    )
+    p.add_argument("--runs", type=int, default=10, help="measured runs per batch (default: 10)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up runs per batch (default: 3)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op threads of each session (default: ONNX Runtime decides)",
+    )
+    p.add_argument(
+        "--providers",
         default="cpu",
-        choices=("cpu", "cuda", "tensorrt", "auto"),
-        help="the provider to measure on (default cpu)",
+        metavar="auto|P[,P...]",
+        help="the execution providers to measure on, best first: tensorrt, cuda, cpu, or auto "
+        "(default: cpu)",
+    )
+    p.add_argument(
+        "--runtime-provider", action=Deprecated, dest="providers", new="--providers", type=str
     )
     add_debug_flag(p)
     return p
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
 
 
 def resolve(argv: Sequence[str] | None) -> tuple[EdgeConfig, argparse.Namespace]:
     """The daemon's config from the command line (and its --config file)."""
     args = build_parser().parse_args(argv)
     base = load_toml(args.config) if args.config is not None else {}
-    config = config_from_args(args, base, str(args.config) if args.config else "options")
+    src = str(args.config) if args.config else "options"
+    config = config_from_args(args, base, src, warn=_warn)
     if not config.cloud:
         raise ConfigError(
             "no cloud endpoint: give --cloud URL[,URL...] (or cloud = [...] in --config)"
@@ -166,7 +248,7 @@ def profile(argv: Sequence[str]) -> int:
         runs=args.runs,
         warmup=args.warmup,
         threads=args.threads,
-        provider=args.runtime_provider,
+        provider=args.providers,
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     result.profile.save(args.output)

@@ -1,19 +1,20 @@
 """The edge agent's configuration: frozen dataclasses, a TOML file, and flags.
 
-Every option is defined once, here, as an :func:`~splitinfer.shared.options.option`
+Every option is defined once, here or (the settings the cloud service shares) in
+:mod:`splitinfer.shared.settings`, as an :func:`~splitinfer.shared.options.option`
 field with its help. The ``edge-agent`` command line is generated from these
-classes (``--runtime-provider`` for ``runtime.provider``), a TOML ``--config``
-file sets the same names (``[runtime] provider = "cuda"``), flags override the
-file, and docs/edge-agent.md's reference table is rendered from them
-(:mod:`splitinfer.shared.options`). Each class checks its values in
-``__post_init__`` and names the value and the fix.
+classes (``--uplink-timeout`` for ``uplink.timeout``, ``--providers`` for
+``runtime.providers``), a TOML ``--config`` file sets the same names (``[runtime]
+providers = ["cuda"]``), flags override the file, and docs/edge-agent.md's reference
+table is rendered from them (:mod:`splitinfer.shared.options`). Each class checks its
+values in ``__post_init__`` and names the value and the fix.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,49 +23,41 @@ from urllib.parse import urlsplit
 from splitinfer.shared import options
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.options import build, load_toml, option, section
+from splitinfer.shared.settings import PrivacyBudget, RuntimeOptions
 
 __all__ = ["EdgeConfig", "add_flags", "config_from_args", "config_from_mapping", "load_toml"]
 
-PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
 ON_EXHAUSTED = ("local", "refuse")
 DEFAULT_LISTEN = "127.0.0.1:8480"
 
 
 def _positive(where: str, value: float, fix: str) -> None:
+    """``where`` is the field's path (``uplink.timeout_s``); the message names its key
+    and shows the value in units (``uplink.timeout=0``)."""
     if isinstance(value, bool) or not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{where}={value!r} must be a number > 0; {fix}")
+        key, unit = options.unit_of(where)
+        shown = options.unit_text(value, unit) if unit and isinstance(value, float) else repr(value)
+        raise ConfigError(f"{key}={shown} must be > 0; {fix}")
 
 
 def _at_least(where: str, value: int, low: int, fix: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        key, unit = options.unit_of(where)
+        if unit and isinstance(value, int):
+            low_text = options.unit_text(low, unit)
+            raise ConfigError(
+                f"{key}={options.unit_text(value, unit)} must be >= {low_text}; {fix}"
+            )
         raise ConfigError(f"{where}={value!r} must be an integer >= {low}; {fix}")
 
 
 @dataclass(frozen=True)
-class RuntimeConfig:
-    """Which ONNX Runtime execution provider runs the segments, and how."""
+class RuntimeConfig(RuntimeOptions):
+    """Which ONNX Runtime execution providers run the segments, and how (the settings
+    shared with the cloud service, :class:`~splitinfer.shared.settings.RuntimeOptions`,
+    and the edge's own)."""
 
-    provider: str = option(
-        "auto",
-        "auto (TensorRT on Jetson, CUDA where present, else CPU), cpu, cuda or tensorrt.",
-        metavar="auto|cpu|cuda|tensorrt",
-    )
-    threads: int = option(0, "Intra-op threads of each session; 0 lets ONNX Runtime decide.")
-    spin: bool = option(
-        False,
-        "Let ONNX Runtime's idle intra-op threads spin (lower latency for the segment, but they "
-        "burn the cores the agent encodes on right after each run).",
-    )
-    gpu: int = option(0, "CUDA device index for the cuda and tensorrt providers.")
-    trt_cache_dir: Path | None = option(
-        None,
-        "Folder of the TensorRT engine cache (default: $STATE_DIRECTORY/trt-cache, else "
-        "~/.cache/splitinfer/trt).",
-        metavar="DIR",
-    )
-    trt_fp16: bool = option(True, "Let TensorRT use fp16 kernels.")
     trt_int8: bool = option(True, "Let TensorRT run the int8 (Q/DQ) segments in int8.")
-    trt_workspace_mb: int = option(1024, "TensorRT builder workspace, MiB.")
     verify: bool = option(True, "Check every package file against its sha256 at start.")
     emulate_device: str | None = option(
         None,
@@ -75,13 +68,7 @@ class RuntimeConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.provider not in PROVIDERS:
-            raise ConfigError(
-                f"runtime.provider={self.provider!r} is unknown; use one of {', '.join(PROVIDERS)}"
-            )
-        _at_least("runtime.threads", self.threads, 0, "0 lets ONNX Runtime choose")
-        _at_least("runtime.gpu", self.gpu, 0, "give the CUDA device index, e.g. 0")
-        _at_least("runtime.trt_workspace_mb", self.trt_workspace_mb, 16, "e.g. 1024")
+        super().__post_init__()
         if self.emulate_device is not None and not self.emulate_device.strip():
             raise ConfigError(
                 "runtime.emulate_device='' is empty; give a built-in edge profile name "
@@ -94,29 +81,25 @@ class UplinkConfig:
     """How frames travel to the cloud: timeouts, retries, failover, health checks."""
 
     timeout_s: float = option(
-        5.0, "Seconds one attempt may take (capped by the request's deadline)."
+        5.0, "How long one attempt may take (capped by the request's deadline)."
     )
-    connect_timeout_s: float = option(2.0, "Seconds to open a connection.")
+    connect_timeout_s: float = option(2.0, "How long opening a connection may take.")
     max_connections: int = option(
         8, "Connections open at once, over all endpoints (requests beyond wait for one)."
     )
     max_attempts: int = option(3, "Attempts per request over all endpoints, the first included.")
-    backoff_s: float = option(
-        0.05, "Base of the jittered exponential backoff between attempts, seconds."
-    )
-    backoff_max_s: float = option(1.0, "Largest backoff, seconds.")
+    backoff_s: float = option(0.05, "Base of the jittered exponential backoff between attempts.")
+    backoff_max_s: float = option(1.0, "Largest backoff.")
     breaker_failures: int = option(
         3, "Consecutive failures that open an endpoint's circuit breaker."
     )
     breaker_reset_s: float = option(
-        5.0, "Seconds an open breaker waits before a health check may close it."
+        5.0, "How long an open breaker waits before a health check may close it."
     )
     health_interval_s: float = option(
-        2.0, "Seconds between health checks (GET /healthz) of the endpoints."
+        2.0, "Interval between health checks (GET /healthz) of the endpoints."
     )
-    max_response_bytes: int = option(
-        64 * 2**20, "Largest response body accepted from the cloud, bytes."
-    )
+    max_response_bytes: int = option(64 * 2**20, "Largest response body accepted from the cloud.")
     priority: int | None = option(
         None, "X-Splitinfer-Priority sent with every request (0..9; unset: the cloud's default, 5)."
     )
@@ -128,16 +111,16 @@ class UplinkConfig:
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "connect_timeout_s", "backoff_max_s", "breaker_reset_s"):
-            _positive(f"uplink.{name}", getattr(self, name), "give seconds, e.g. 2")
-        _positive("uplink.health_interval_s", self.health_interval_s, "give seconds, e.g. 2")
+            _positive(f"uplink.{name}", getattr(self, name), "e.g. 2s")
+        _positive("uplink.health_interval_s", self.health_interval_s, "e.g. 2s")
         if isinstance(self.backoff_s, bool) or not (
             math.isfinite(self.backoff_s) and self.backoff_s >= 0
         ):
-            raise ConfigError(f"uplink.backoff_s={self.backoff_s!r} must be seconds >= 0")
+            raise ConfigError(f"uplink.backoff={self.backoff_s!r}s must be >= 0")
         _at_least("uplink.max_connections", self.max_connections, 1, "e.g. 8")
         _at_least("uplink.max_attempts", self.max_attempts, 1, "e.g. 3")
         _at_least("uplink.breaker_failures", self.breaker_failures, 1, "e.g. 3")
-        _at_least("uplink.max_response_bytes", self.max_response_bytes, 1024, "e.g. 67108864")
+        _at_least("uplink.max_response_bytes", self.max_response_bytes, 1024, "e.g. 64MiB")
         if self.priority is not None and (
             isinstance(self.priority, bool)
             or not isinstance(self.priority, int)
@@ -171,7 +154,7 @@ class AdaptConfig:
     )
     load_half_life_s: float = option(
         30.0,
-        "Without a new answer from the cloud, the load estimate halves every this many seconds.",
+        "Without a new answer from the cloud, the load estimate halves every this long.",
     )
     measured_edge: bool = option(
         True, "Predict with this device's measured edge-segment times instead of the package's."
@@ -180,10 +163,12 @@ class AdaptConfig:
         0.2, "Weight of a new sample in the load and edge-time estimates (EWMA), 0..1."
     )
     link_half_life_s: float = option(
-        10.0, "Half-life of a transfer's or health check's weight in the link estimate, seconds."
+        10.0, "Half-life of a transfer's or health check's weight in the link estimate."
     )
     min_rate_bytes: int = option(
-        8192, "The uplink rate is measured only once an upload of at least this many bytes is seen."
+        8192,
+        "The uplink rate is measured only from uploads at least this big.",
+        name="min_rate_sample",
     )
     prior_uplink: str | None = option(
         None,
@@ -214,9 +199,9 @@ class AdaptConfig:
                 "the load must clear below the level that marks it high"
             )
         _at_least("adapt.min_dwell", self.min_dwell, 0, "e.g. 10 requests")
-        _positive("adapt.load_half_life_s", self.load_half_life_s, "give seconds, e.g. 30")
-        _positive("adapt.link_half_life_s", self.link_half_life_s, "give seconds, e.g. 10")
-        _at_least("adapt.min_rate_bytes", self.min_rate_bytes, 1, "e.g. 8192")
+        _positive("adapt.load_half_life_s", self.load_half_life_s, "e.g. 30s")
+        _positive("adapt.link_half_life_s", self.link_half_life_s, "e.g. 10s")
+        _at_least("adapt.min_rate_sample", self.min_rate_bytes, 1, "e.g. 8KiB")
         if isinstance(self.load_factor, bool) or not (
             math.isfinite(self.load_factor) and self.load_factor >= 1
         ):
@@ -242,31 +227,31 @@ class QueueConfig:
     max_concurrency: int = option(4, "Requests processed at once (segments, encoding, uplink).")
     max_queue: int = option(64, "Requests waiting beyond those; more are refused with 503 at once.")
     max_body_bytes: int = option(
-        64 * 2**20, "Largest request body from an application, bytes (413 beyond)."
+        64 * 2**20, "Largest request body from an application (413 beyond)."
     )
     request_timeout_s: float = option(
-        10.0, "Seconds a request may take end to end unless it sends X-Splitinfer-Timeout-Ms."
+        10.0, "How long a request may take end to end unless it sends X-Splitinfer-Timeout-Ms."
     )
     inline_below_ms: float = option(
         1.0,
         "A request whose own CPU work (edge segment, noise, encode; measured per cut) is under "
-        "this many ms runs it on the event loop when no other request is computing: the hop to a "
+        "this runs it on the event loop when no other request is computing: the hop to a "
         "worker thread and back costs more than that here. 0: always the pool.",
     )
     header_timeout_s: float = option(
         10.0,
-        "Seconds a new connection to the local API may take to send its first request's headers; "
+        "How long a new connection to the local API may take to send its first request's headers; "
         "then it is closed.",
     )
-    body_timeout_s: float = option(30.0, "Seconds a request body may take to arrive (then 408).")
+    body_timeout_s: float = option(30.0, "How long a request body may take to arrive (then 408).")
     keepalive_timeout_s: float = option(
-        15.0, "Seconds an idle keep-alive connection (or one sending its next headers) is kept."
+        15.0, "How long an idle keep-alive connection (or one sending its next headers) is kept."
     )
     max_connections: int = option(
         256, "Connections to the local API open at once; more get 503 and are closed."
     )
     max_inflight_bytes: int = option(
-        128 * 2**20, "Request body bytes being read at once over all applications; beyond: 503."
+        128 * 2**20, "Request body bytes read at once over all applications; beyond: 503."
     )
 
     def __post_init__(self) -> None:
@@ -277,60 +262,44 @@ class QueueConfig:
             and self.max_inflight_bytes >= self.max_body_bytes
         ):
             raise ConfigError(
-                f"queue.max_inflight_bytes={self.max_inflight_bytes!r} must be an integer >= "
-                f"queue.max_body_bytes={self.max_body_bytes}, or a largest body could never be read"
+                f"queue.max_inflight={self.max_inflight_bytes!r} must be >= "
+                f"queue.max_body={self.max_body_bytes} (bytes), or a largest body could never "
+                "be read"
             )
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
-            _positive(f"queue.{name}", getattr(self, name), "give seconds, e.g. 10")
+            _positive(f"queue.{name}", getattr(self, name), "e.g. 10s")
         if isinstance(self.inline_below_ms, bool) or not (
             isinstance(self.inline_below_ms, (int, float))
             and math.isfinite(self.inline_below_ms)
             and self.inline_below_ms >= 0
         ):
             raise ConfigError(
-                f"queue.inline_below_ms={self.inline_below_ms!r} must be a number >= 0; "
+                f"queue.inline_below={self.inline_below_ms!r}ms must be >= 0; "
                 "0 runs every request's work in the worker pool"
             )
         _at_least("queue.max_queue", self.max_queue, 0, "e.g. 64")
-        _at_least("queue.max_body_bytes", self.max_body_bytes, 1024, "e.g. 67108864")
-        _positive("queue.request_timeout_s", self.request_timeout_s, "give seconds, e.g. 10")
+        _at_least("queue.max_body_bytes", self.max_body_bytes, 1024, "e.g. 64MiB")
+        _positive("queue.request_timeout_s", self.request_timeout_s, "e.g. 10s")
 
 
 @dataclass(frozen=True)
-class PrivacyConfig:
-    """The per-device privacy budget, for packages that add noise (``manifest.privacy``)."""
+class PrivacyConfig(PrivacyBudget):
+    """The per-device privacy budget, for packages that add noise (``manifest.privacy``):
+    the budget shared with the cloud service
+    (:class:`~splitinfer.shared.settings.PrivacyBudget`), and what the edge does past it."""
 
-    budget_epsilon: float | None = option(
-        None, "Largest epsilon this device may spend per window; unset: no budget is enforced."
-    )
-    budget_window_s: float = option(3600.0, "Window length of the budget, seconds (tumbling).")
-    budget_delta: float | None = option(
-        None, "Delta at which the window's epsilon is measured (default: the package's delta)."
-    )
     on_exhausted: str = option(
         "local",
         "Beyond the budget: local (answer from the device's own model) or refuse (429).",
         metavar="refuse|local",
     )
-    accountant: str = option(
-        "rdp",
-        "opacus accountant that composes the releases: rdp (about 0.3 ms a charge here) or prv "
-        "(tighter, but about 0.4 s a charge on this CPU: every request would pay it).",
-        metavar="prv|rdp",
-    )
 
     def __post_init__(self) -> None:
-        if self.budget_epsilon is not None:
-            _positive("privacy.budget_epsilon", self.budget_epsilon, "e.g. 8")
-        _positive("privacy.budget_window_s", self.budget_window_s, "e.g. 3600")
-        if self.budget_delta is not None and not 0 < self.budget_delta < 1:
-            raise ConfigError(f"privacy.budget_delta={self.budget_delta!r} must be in (0, 1)")
+        super().__post_init__()
         if self.on_exhausted not in ON_EXHAUSTED:
             raise ConfigError(
                 f"privacy.on_exhausted={self.on_exhausted!r}; use one of {ON_EXHAUSTED}"
             )
-        if self.accountant not in ("prv", "rdp"):
-            raise ConfigError(f"privacy.accountant={self.accountant!r}; use prv or rdp")
 
 
 @dataclass(frozen=True)
@@ -360,7 +329,9 @@ class EdgeConfig:
         "PEM file of the CA that signed the cloud's certificate (default: system CAs).",
         metavar="F",
     )
-    runtime: RuntimeConfig = section(RuntimeConfig)
+    runtime: RuntimeConfig = section(
+        RuntimeConfig, prefix="", old_prefix="runtime", old={"providers": ["provider"]}
+    )
     uplink: UplinkConfig = section(UplinkConfig)
     adapt: AdaptConfig = section(AdaptConfig)
     queue: QueueConfig = section(QueueConfig)
@@ -417,25 +388,31 @@ def parse_model(text: str) -> tuple[str, str]:
     return name, version
 
 
-def config_from_mapping(data: Mapping[str, Any], src: str = "config") -> EdgeConfig:
-    """An EdgeConfig from a TOML-shaped mapping (top-level keys plus [section] tables)."""
-    return build(EdgeConfig, data, src)
+def config_from_mapping(
+    data: Mapping[str, Any], src: str = "config", warn: Callable[[str], None] | None = None
+) -> EdgeConfig:
+    """An EdgeConfig from a TOML-shaped mapping (top-level keys plus [section] tables);
+    ``warn`` gets one line per former (deprecated) key."""
+    return build(EdgeConfig, data, src, warn)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per option of EdgeConfig and its sections (``--uplink-timeout-s``)."""
+    """One flag per option of EdgeConfig and its sections (``--uplink-timeout``)."""
     options.add_flags(parser, EdgeConfig, "agent")
 
 
 def config_from_args(
-    args: argparse.Namespace, base: Mapping[str, Any] | None = None, src: str = "options"
+    args: argparse.Namespace,
+    base: Mapping[str, Any] | None = None,
+    src: str = "options",
+    warn: Callable[[str], None] | None = None,
 ) -> EdgeConfig:
     """Flags over the file's values (``base``, TOML-shaped) over the defaults; an error
     names ``src`` (the file, or "options")."""
     data: dict[str, Any] = {
         k: (dict(v) if isinstance(v, Mapping) else v) for k, v in (base or {}).items()
     }
-    return config_from_mapping(options.merge_flags(data, args, EdgeConfig), src)
+    return config_from_mapping(options.merge_flags(data, args, EdgeConfig), src, warn)
 
 
 def sections() -> Sequence[str]:

@@ -149,13 +149,16 @@ class Pipeline:
                 "no cut of this package can be used with its privacy settings: every cut "
                 "ships non-float tensors that noise cannot protect; re-partition"
             )
+        self.start_reason = ""
         self.start_cut = self._start(adapt)
         costs = {k: rt.cost for k, rt in self.cuts.items() if rt.cost is not None}
-        if adapt.cut is not None or not adapt.enabled or self.start_cut not in costs:
+        # a pinned cut, or switching off, keeps the costs: the chooser still predicts
+        # every candidate (GET /v1/status) and never moves
+        if self.start_cut not in costs:
             if len(costs) > 1 and adapt.enabled and adapt.cut is None:
                 log.warning("cut %s has no predicted cost; cut switching is off", self.start_cut)
             costs = {}
-        self.chooser = CutChooser(costs, self.start_cut, adapt)
+        self.chooser = CutChooser(costs, self.start_cut, adapt, self.start_reason)
         self.estimator = LinkEstimator(
             prior_link(model.manifest.planning, adapt),
             half_life_s=adapt.link_half_life_s,
@@ -172,6 +175,8 @@ class Pipeline:
         self._computing = 0
         self.in_flight = 0
         self.last_load: float | None = None
+        #: The last answer the device gave instead of the cloud: (clock time, reason).
+        self.last_fallback: tuple[float, str] | None = None
 
     def _start(self, adapt: AdaptConfig) -> str:
         manifest = self.model.manifest
@@ -181,11 +186,17 @@ class Pipeline:
                 raise ConfigError(
                     f"adapt.cut={adapt.cut!r} is not a usable cut; use one of {usable}"
                 )
+            self.start_reason = f"pinned by adapt.cut={adapt.cut}"
             return adapt.cut
         if manifest.default_cut in self.cuts:
+            self.start_reason = "the package's default cut (the partitioner's choice)"
             return manifest.default_cut
         first = next(iter(self.cuts))
         log.warning("default cut %s cannot be used; starting at %s", manifest.default_cut, first)
+        self.start_reason = (
+            f"the first usable cut: the default cut {manifest.default_cut} cannot be used "
+            "with this package's privacy settings"
+        )
         return first
 
     # -- state for the agent -----------------------------------------------------
@@ -202,6 +213,22 @@ class Pipeline:
 
     def local_runner(self) -> SegmentRunner | None:
         return self.model.local_runner()
+
+    def edge_times(self) -> dict[str, float] | None:
+        """The measured edge times the chooser predicts with (None: the package's)."""
+        return self.edge_s if self.adapt.measured_edge else None
+
+    def explain(self) -> dict[str, Any]:
+        """Every candidate's predicted latency now and why the current cut is used
+        (:meth:`CutChooser.explain` at the current link estimate), with the last
+        local fallback."""
+        now = self._clock()
+        doc = self.chooser.explain(self.estimator.estimate().link, now, self.edge_times())
+        doc["fallback"] = None
+        if self.last_fallback is not None:
+            at, reason = self.last_fallback
+            doc["fallback"] = {"reason": reason, "since_s": max(now - at, 0.0)}
+        return doc
 
     def record_edge_time(self, cut_id: str, seconds: float) -> None:
         """A measured edge-segment time per sample (warm-up or a request)."""
@@ -253,8 +280,7 @@ class Pipeline:
                     f"cut {cut!r} is not usable here; use one of {', '.join(self.cuts)}"
                 )
             return Choice(cut, {}, False, self.chooser.loaded)
-        edge_s = self.edge_s if self.adapt.measured_edge else None
-        return self.chooser.choose(self.estimator.estimate().link, self._clock(), edge_s)
+        return self.chooser.choose(self.estimator.estimate().link, self._clock(), self.edge_times())
 
     async def infer(
         self,
@@ -466,6 +492,8 @@ class Pipeline:
         timings: dict[str, float],
     ) -> Result:
         t = self._clock()
+        if reason != "cut":
+            self.last_fallback = (t, reason)
         produced = await self._compute(lambda: runner.run(feeds))
         timings["local"] = self._clock() - t
         try:

@@ -1,8 +1,18 @@
-"""``edge-agent profile``: per-node latency of the package's model on this device.
+"""``edge-agent profile``: per-node latency of the package's edge segments on this device.
 
-The partitioner's ``--edge-profile FILE`` wants the time of every node of the
-optimized graph, by node name, measured where the edge segment will run. The
-package holds that graph whole in one of these, tried in order:
+The partitioner's ``--edge-profile FILE`` wants the time of every node that may
+run on the device, by node name, measured where the edge segments run. By
+default (:func:`profile_package`, ``edge-agent profile``) that is what is
+measured: each cut's edge segment, as the agent runs it (an INT8 segment at
+INT8), on the model's inputs, merged into one profile (:func:`edge_segments`
+picks them; a cut with no edge segment, the cloud-only cut, is skipped with a
+note; a package with no edge segment at all is an error). A node that several
+segments hold gets the median of its times; ``wall`` and ``unattributed`` are
+the largest segment's.
+
+``whole=True`` measures the whole optimized graph instead (what ``sim/``
+scales into a slower device's profile), held whole in one of these, tried in
+order (:func:`whole_model`):
 
 1. ``full.onnx`` (``partition --edge-fallback``);
 2. the cloud segment of a "none" cut (the whole model on the cloud side);
@@ -17,7 +27,9 @@ partitioner analysed (``manifest.analysis_shapes``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +72,21 @@ def whole_model(package: Package) -> tuple[list[Segment], str]:
     return segs, f"cut {cut.id} ({' + '.join(s.file for s in segs)})"
 
 
+def edge_segments(package: Package) -> tuple[list[tuple[str, Segment]], list[str]]:
+    """Each cut's edge segment as ``(cut id, segment)``, and a note per cut without one."""
+    found, notes = [], []
+    for cut in package.manifest.cuts:
+        if cut.edge is None:
+            notes.append(f"cut {cut.id} ({cut.kind}) has no edge segment: skipped")
+        else:
+            found.append((cut.id, cut.edge))
+    return found, notes
+
+
+def _stderr(message: str) -> None:
+    print(f"edge-agent profile: {message}", file=sys.stderr)
+
+
 def _feeds(manifest: Manifest, batch: int, upstream: list[Any]) -> dict[str, Array]:
     feeds = sample_inputs(manifest, batch)
     for runner in upstream:
@@ -77,18 +104,35 @@ def profile_package(
     warmup: int = 3,
     threads: int | None = None,
     provider: str = "cpu",
+    whole: bool = False,
+    note: Callable[[str], None] = _stderr,
 ) -> ProfileResult:
-    """Measure the package's whole graph; a merged profile when it is in two segments."""
+    """Measure each cut's edge segment (``whole``: the package's whole graph) and
+    merge them into one profile; ``note`` gets one line per cut skipped."""
 
     from splitinfer.partitioner.profiler import measure_nodes
     from splitinfer.shared.nodeprofile import NodeProfile
 
     package = open_package(path)
     manifest = package.manifest
-    segments, measured = whole_model(package)
+    if whole:
+        segments, measured = whole_model(package)
+    else:
+        edges, notes = edge_segments(package)
+        for line in notes:
+            note(line)
+        if not edges:
+            raise PackageError(
+                f"{path}: no cut of this package has an edge segment (nothing runs on the "
+                "device); partition it with a cut that leaves work on the edge"
+            )
+        segments = [seg for _, seg in edges]
+        ids = ", ".join(f"{cut_id} ({seg.file})" for cut_id, seg in edges)
+        measured = f"the edge segment(s) of cut(s) {ids}"
     available = available_providers()
-    device = detect_device(want_gpu=provider != "cpu")
-    config = RuntimeConfig(provider=provider)
+    listed = tuple(p.strip() for p in provider.split(",") if p.strip())  # --providers
+    device = detect_device(want_gpu=listed != ("cpu",))
+    config = RuntimeConfig(providers=listed)
     profiles = []
     upstream: list[Any] = []
     for seg in segments:
@@ -112,11 +156,14 @@ def profile_package(
                 source_sha256=manifest.source_sha256,
             )
         )
-        upstream.append(open_session(file, providers=names, name=seg.file))
+        if whole:  # the next segment reads this one's outputs
+            upstream.append(open_session(file, providers=names, name=seg.file))
     if not profiles:
         raise PackageError(f"{path}: no segment holds the model's nodes")
     if len(profiles) == 1:
         return ProfileResult(profiles[0], measured)
+    if not whole:
+        return ProfileResult(_union(profiles, segments, manifest.source_sha256), measured)
     first = profiles[0]
     merged = NodeProfile(
         device=first.device,
@@ -132,3 +179,33 @@ def profile_package(
         meta={**first.meta, "segments": measured},
     )
     return ProfileResult(merged, measured)
+
+
+def _union(profiles: Sequence[Any], segments: Sequence[Segment], sha256: str | None) -> Any:
+    """One profile of segments measured apart, each on the model's inputs: every node
+    they hold (the median where several hold it); ``wall`` and ``unattributed`` of
+    the segment that took longest."""
+    from splitinfer.shared.nodeprofile import NodeProfile
+
+    first = profiles[0]
+    batches = first.batch_sizes
+    times: dict[int, dict[str, float]] = {}
+    for b in batches:
+        seen: dict[str, list[float]] = {}
+        for p in profiles:
+            for name, t in p.times[b].items():
+                seen.setdefault(name, []).append(t)
+        times[b] = {name: statistics.median(ts) for name, ts in seen.items()}
+    longest = max(profiles, key=lambda p: p.wall[batches[0]])
+    precisions = {p.precision for p in profiles}
+    return NodeProfile(
+        device=first.device,
+        batch_sizes=batches,
+        times=times,
+        wall=dict(longest.wall),
+        unattributed_s=dict(longest.unattributed_s),
+        runtime=first.runtime,
+        source_sha256=sha256,
+        precision=precisions.pop() if len(precisions) == 1 else None,
+        meta={**first.meta, "segments": ", ".join(s.file for s in segments)},
+    )

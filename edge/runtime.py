@@ -1,7 +1,8 @@
 """ONNX Runtime sessions for the package's segments, and which provider runs them.
 
 Provider selection is a pure function of (the providers this onnxruntime build
-offers, what the device is, the config), so it is tested on a CPU box:
+offers, what the device is, the config), so it is tested on a CPU box. The config's
+``providers`` lists them best first; the first one this build has runs the segment:
 
 * ``cpu``: CPU only.
 * ``cuda``: CUDA, then CPU for any node CUDA lacks.
@@ -44,12 +45,14 @@ from splitinfer.edge.config import RuntimeConfig
 from splitinfer.shared.errors import ConfigError, ModelError
 from splitinfer.shared.manifest import Segment
 from splitinfer.shared.ortsession import open_session
+from splitinfer.shared.settings import AUTO
 
 log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
+_ORT_NAMES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT}
 
 #: (provider name, provider options) in ONNX Runtime's order of preference.
 ProviderChoice = tuple[str, dict[str, Any]]
@@ -160,8 +163,10 @@ def select_providers(
     ``strict``: with the TensorRT provider, it alone (no CUDA or CPU fallback).
     """
     have = set(available)
-    want = config.provider
-    if want == "auto":
+    listed = tuple(config.providers)
+    # the first listed that this build has; none: the first, which is refused below
+    want = next((p for p in listed if _ORT_NAMES.get(p) in have), listed[0])
+    if listed == (AUTO,):
         if TENSORRT in have and device.jetson:
             want = "tensorrt"
         elif CUDA in have:
@@ -173,9 +178,9 @@ def select_providers(
         return [cpu]
     if want == "cuda" and CUDA not in have:
         raise ConfigError(
-            "runtime.provider=cuda, but this onnxruntime has no CUDAExecutionProvider "
-            f"(it has {', '.join(sorted(have))}); install onnxruntime-gpu "
-            "or use --runtime-provider cpu"
+            f"runtime.providers={','.join(listed)}, but this onnxruntime has no "
+            f"CUDAExecutionProvider (it has {', '.join(sorted(have))}); install onnxruntime-gpu "
+            "or use --providers cpu"
         )
     cuda: ProviderChoice = (CUDA, {"device_id": config.gpu})
     if want == "cuda":
@@ -192,9 +197,9 @@ def select_providers(
         return [cuda, cpu] if CUDA in have else [cpu]
     if TENSORRT not in have:
         raise ConfigError(
-            "runtime.provider=tensorrt, but this onnxruntime has no TensorrtExecutionProvider; "
-            "install onnxruntime-gpu with TensorRT (on Jetson: the Jetson Zoo wheel) "
-            "or use --runtime-provider cuda"
+            f"runtime.providers={','.join(listed)}, but this onnxruntime has no "
+            "TensorrtExecutionProvider; install onnxruntime-gpu with TensorRT (on Jetson: the "
+            "Jetson Zoo wheel) or use --providers cuda"
         )
     int8 = config.trt_int8 and segment.precision == "int8"
     fp16 = config.trt_fp16

@@ -58,7 +58,7 @@ from splitinfer.shared.privacy import clip_and_noise
 Feed = dict[str, np.ndarray]
 Progress = Callable[[str], None]
 
-#: Default ``--adapt-seconds``: the digits case (six shortlisted cuts) stays under a minute.
+#: Default ``--adapt-time`` (seconds): the digits case (six shortlisted cuts) stays under a minute.
 DEFAULT_SECONDS = 30.0
 #: Noise draws behind each utility figure.
 DRAWS = 3
@@ -70,7 +70,7 @@ INIT_NORM = 2.0
 
 @dataclass(frozen=True)
 class AdaptOptions:
-    """``--adapt-cloud`` and ``--adapt-seconds``: how the noise-aware fine-tune runs."""
+    """``--adapt-cloud`` and ``--adapt-time``: how the noise-aware fine-tune runs."""
 
     #: Wall-clock budget of the whole adaptation (all cuts), in seconds.
     seconds: float = DEFAULT_SECONDS
@@ -86,7 +86,7 @@ class AdaptOptions:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.seconds) and self.seconds > 0):
-            raise ConfigError(f"--adapt-seconds {self.seconds!r}: must be a number of seconds > 0")
+            raise ConfigError(f"--adapt-time {self.seconds:g}s: must be more than 0s")
         if self.batch_size < 1 or self.max_epochs < 1:
             raise ConfigError("adaptation batch size and epochs must be at least 1")
         if not (self.lr > 0 and self.temperature > 0):

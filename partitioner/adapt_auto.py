@@ -17,7 +17,7 @@ from splitinfer.partitioner.adapt import AdaptOptions, Feed, Progress, adapt_cut
 from splitinfer.shared.codecs import QuantParams
 from splitinfer.shared.manifest import PrivacySpec
 
-#: Share of ``--adapt-seconds`` the short fine-tunes of the shortlisted cuts get (together).
+#: Share of ``--adapt-time`` the short fine-tunes of the shortlisted cuts get (together).
 SHORT_SHARE = 0.4
 
 

@@ -12,7 +12,6 @@ fields, and ``__post_init__`` holds every rule between flags (``--split`` needs
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,13 @@ from pathlib import Path
 from splitinfer import __version__
 from splitinfer.partitioner.cuts import DEFAULT_MAX_CUTS
 from splitinfer.partitioner.passes import DEFAULT_PIPELINE, PASSES
-from splitinfer.shared.cli import ArgumentParser, add_debug_flag
+from splitinfer.shared.cli import ArgumentParser, add_debug_flag, add_version_flag, examples
 from splitinfer.shared.costs import OBJECTIVES
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import parse_duration, parse_rate
 from splitinfer.shared.manifest import PRECISIONS
 from splitinfer.shared.options import add_flags, build, merge_flags, option
+from splitinfer.shared.units import parse_size
 
 AUTO = "--split auto: the cost model and its inputs"
 #: the flags only the cost model reads, refused with a fixed ``--split CUT``
@@ -43,23 +43,14 @@ AUTO_ONLY = (
     "adapt_seconds",
 )
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
-_SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20}
-_SIZE["gib"] = 2**30
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?[bB]|[bB])?\s*")
-
-
-def parse_size(text: str, name: str) -> int:
-    """Bytes of a size such as ``512MB``, ``2GiB`` or ``800000``; ``name`` is the flag."""
-    m = _SIZE_RE.fullmatch(text)
-    if not m:
-        if text.strip().startswith("-") and _SIZE_RE.fullmatch(text.strip()[1:]):
-            raise ConfigError(f"{name}: must not be negative (got {text.strip()})")
-        raise ConfigError(f"{name} {text!r}: use a byte count like 512MB, 2GiB or 800000")
-    return int(float(m.group(1)) * _SIZE[(m.group(2) or "").lower()])
+__all__ = ["PartitionRequest", "build_parser", "parse_size"]
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """The flag of field ``name`` (``adapt_seconds`` is ``--adapt-time``)."""
+    from splitinfer.shared.options import options
+
+    return next(o.flag for o in options(PartitionRequest) if o.name == name) or name
 
 
 @dataclass(frozen=True)
@@ -103,11 +94,14 @@ class PartitionRequest:
         group=AUTO,
     )
     cloud_profile: str | None = option(
-        None, "likewise for the cloud", metavar="NAME|FILE", group=AUTO
+        None,
+        "likewise for the cloud (default: measure on this machine)",
+        metavar="NAME|FILE",
+        group=AUTO,
     )
-    uplink: str = option("5mbit", "uplink rate", metavar="UPLINK", group=AUTO)
-    downlink: str = option("20mbit", "downlink rate", metavar="DOWNLINK", group=AUTO)
-    rtt: str = option("50ms", "round-trip time", metavar="RTT", group=AUTO)
+    uplink: str = option("5mbit", "uplink rate", metavar="RATE", group=AUTO)
+    downlink: str = option("20mbit", "downlink rate", metavar="RATE", group=AUTO)
+    rtt: str = option("50ms", "round-trip time", metavar="DURATION", group=AUTO)
     trace: Path | None = option(
         None,
         "Mahimahi uplink trace: plan on its capacity distribution",
@@ -169,7 +163,7 @@ class PartitionRequest:
         group=AUTO,
     )
     adapt_seconds: float | None = option(
-        None, "time budget of --adapt-cloud in seconds (default 30)", metavar="S", group=AUTO
+        None, "time budget of --adapt-cloud (default: 30s)", group=AUTO, name="adapt_time"
     )
     edge_fallback: bool = option(
         False,
@@ -194,7 +188,7 @@ class PartitionRequest:
         "int8+zstd, png and jpeg on the calibration samples, keep the smallest that holds "
         "the agreement), raw, png (lossless on 256-level inputs) or jpeg (lossy, QUALITY "
         "1-100, default 90); png and jpeg need image inputs [N, C, H, W] with C 1 or 3, or "
-        "[N, H, W]. With --split none or auto (default there: auto; --split none without "
+        "[N, H, W]. With --split none or auto (default: auto there; --split none without "
         "it: int8+zstd with per-request parameters)",
         metavar="auto|raw|png|jpeg[:QUALITY]",
     )
@@ -276,7 +270,7 @@ class PartitionRequest:
         if (self.epsilon is None) != (self.clip is None):
             raise ConfigError("privacy needs both --epsilon and --clip (and optionally --delta)")
         if self.adapt_seconds is not None and not self.adapt_cloud:
-            raise ConfigError("--adapt-seconds goes with --adapt-cloud")
+            raise ConfigError("--adapt-time goes with --adapt-cloud")
         if self.adapt_cloud and self.epsilon is None:
             raise ConfigError("--adapt-cloud goes with --epsilon (it trains for the privacy noise)")
 
@@ -315,8 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="partition",
         description="Optimize an ONNX model and cut it into an edge and a cloud segment.",
+        epilog=examples(
+            "partition model.onnx --list-cuts",
+            "partition model.onnx --split c5 -o pkg --precision int8",
+            "partition model.onnx --split auto -o pkg --uplink 5mbit --rtt 50ms "
+            "--edge-profile raspberry-pi-5 --edge-memory 512MB",
+            "partition model.onnx --split auto -o pkg --trace uplink.up --candidates 3",
+        ),
     )
     add_flags(p, PartitionRequest, negatable=False)
     add_debug_flag(p)
-    p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
+    add_version_flag(p, __version__)
     return p

@@ -24,10 +24,34 @@ DEBUG_ENV = "SPLITINFER_DEBUG"
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose usage errors raise :class:`ConfigError`, so that :func:`run_cli`
-    prints them as one line and exits 2 like every other bad input."""
+    prints them as one line and exits 2 like every other bad input, and whose epilog
+    (the examples, :func:`examples`) is printed as written, one command a line."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ConfigError(message)
+
+    def format_help(self) -> str:
+        epilog, self.epilog = self.epilog, None
+        try:
+            text = super().format_help()
+        finally:
+            self.epilog = epilog
+        return f"{text}\n{epilog.rstrip()}\n" if epilog else text
+
+
+def examples(*lines: str) -> str:
+    """An ``--help`` epilog: ``examples:`` and one command a line (2 to 4 of them)."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def add_version_flag(parser: argparse.ArgumentParser, version: str) -> None:
+    """``--version``: prints ``TOOL splitinfer X.Y.Z`` (the same in every command)."""
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s splitinfer {version}",
+        help="print the command and splitinfer's version, and exit",
+    )
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:

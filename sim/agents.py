@@ -3,7 +3,7 @@
 :class:`AgentProcess` starts one ``edge-agent`` (``sys.executable -m
 splitinfer.edge.cli``) with ``--cloud`` pointing at its own links, ``--listen
 127.0.0.1:0`` (it prints ``edge-agent: listening on http://HOST:PORT`` on stderr
-once warm) and the emulated device (``--runtime-emulate-device PROFILE``);
+once warm) and the emulated device (``--emulate-device PROFILE``);
 :class:`ProcessDevice` is the scenario's view of it: the application's requests go
 to its local API (``POST /v1/infer``), and the answer's headers say the cut, where
 it was computed, the stage timings and the endpoint. :func:`started` starts many
@@ -74,36 +74,36 @@ def agent_argv(
         f"sim-{index}",
         "--log-level",
         "info",
-        "--runtime-provider",
+        "--providers",
         "cpu",
-        "--no-runtime-verify",
-        "--uplink-timeout-s",
-        f"{edge.timeout_s:g}",
-        "--uplink-connect-timeout-s",
-        f"{min(edge.timeout_s, 2.0):g}",
+        "--no-verify",
+        "--uplink-timeout",
+        f"{edge.timeout_s:g}s",
+        "--uplink-connect-timeout",
+        f"{min(edge.timeout_s, 2.0):g}s",
         "--uplink-max-attempts",
         "3",
         "--uplink-breaker-failures",
         "2",
-        "--uplink-breaker-reset-s",
-        "2",
-        "--uplink-health-interval-s",
-        "1",
+        "--uplink-breaker-reset",
+        "2s",
+        "--uplink-health-interval",
+        "1s",
         "--adapt-enabled" if adaptive else "--no-adapt-enabled",
         "--adapt-min-dwell",
         str(edge.min_dwell),
-        "--adapt-min-rate-bytes",
+        "--adapt-min-rate-sample",
         str(edge.min_rate_bytes),
-        "--adapt-link-half-life-s",
-        f"{edge.link_half_life_s:g}",
-        "--queue-request-timeout-s",
-        f"{edge.request_timeout_s:g}",
+        "--adapt-link-half-life",
+        f"{edge.link_half_life_s:g}s",
+        "--queue-request-timeout",
+        f"{edge.request_timeout_s:g}s",
         # the workload, not the agent's admission, is what a scenario measures
         "--queue-max-queue",
         "100000",
     ]
     if device is not None:
-        argv += ["--runtime-emulate-device", device]
+        argv += ["--emulate-device", device]
     return argv
 
 

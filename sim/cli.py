@@ -1,7 +1,7 @@
 """``netsim``: network emulation for splitinfer.
 
     netsim link --uplink RATE|TRACE --downlink RATE|TRACE --delay 25ms \\
-                --listen PORT --target HOST:PORT [--duration 60s]
+                --listen HOST:PORT --target HOST:PORT [--duration 60s]
 
 RATE is ``5mbit``, ``500kB/s``, ... or ``unlimited``; TRACE a Mahimahi trace file
 (``TRACE@30s`` replays it from 30 s in). ``netsim link`` prints the port it listens
@@ -26,20 +26,40 @@ from pathlib import Path
 from typing import Any
 
 from splitinfer import __version__
-from splitinfer.shared.cli import ArgumentParser, add_debug_flag, run_cli
+from splitinfer.shared.cli import (
+    ArgumentParser,
+    add_debug_flag,
+    add_version_flag,
+    examples,
+    run_cli,
+)
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import parse_duration
+from splitinfer.shared.options import Deprecated
+from splitinfer.shared.units import parse_size
 from splitinfer.sim.config import Direction, LinkConfig, parse_outage
 from splitinfer.sim.link import EmulatedLink
 
 PROG = "netsim"
+LISTEN = "127.0.0.1:0"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog=PROG, description="Trace-driven network emulation for splitinfer.")
+    p = ArgumentParser(
+        prog=PROG,
+        description="Trace-driven network emulation for splitinfer.",
+        epilog=examples(
+            "netsim link --uplink sim/traces/ATT-LTE-driving-2016.up --downlink 20mbit "
+            "--delay 25ms --listen 127.0.0.1:9000 --target 127.0.0.1:8080",
+            "netsim run sim/scenarios/att-lte.toml -o out/att",
+            "netsim compare --model sim/scenarios/digits.onnx --traces sim/traces/*.up",
+        ),
+    )
     add_debug_flag(p)
-    p.add_argument("--version", action="version", version=f"splitinfer {__version__}")
-    commands = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    add_version_flag(p, __version__)
+    commands = p.add_subparsers(
+        dest="command", metavar="COMMAND", title="commands", parser_class=ArgumentParser
+    )
     commands.required = True
     link = commands.add_parser(
         "link",
@@ -53,20 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
         default="unlimited",
         metavar="RATE|TRACE",
         help="client -> target: a rate (5mbit, 500kB/s), a Mahimahi trace file "
-        "(PATH or PATH@30s to start 30 s in), or unlimited (default)",
+        "(PATH or PATH@30s to start 30 s in), or unlimited (default: unlimited)",
     )
     link.add_argument(
         "--downlink",
         default="unlimited",
         metavar="RATE|TRACE",
-        help="target -> client, as --uplink",
-    )
-    link.add_argument("--delay", default="0ms", help="one-way propagation delay (default 0ms)")
-    link.add_argument(
-        "--jitter", default="0ms", help="each segment's delay varies by up to ± this (default 0ms)"
+        help="target -> client, as --uplink (default: unlimited)",
     )
     link.add_argument(
-        "--loss", type=float, default=0.0, help="probability a segment is lost (default 0)"
+        "--delay",
+        default="0ms",
+        metavar="DURATION",
+        help="one-way propagation delay (default: 0ms)",
+    )
+    link.add_argument(
+        "--jitter",
+        default="0ms",
+        metavar="DURATION",
+        help="each segment's delay varies by up to ± this (default: 0ms)",
+    )
+    link.add_argument(
+        "--loss", type=float, default=0.0, help="probability a segment is lost (default: 0)"
     )
     link.add_argument(
         "--outage",
@@ -77,22 +105,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     link.add_argument(
         "--queue",
-        type=int,
         default=None,
-        metavar="BYTES",
-        help="droptail queue bound per direction (default unbounded)",
+        metavar="SIZE",
+        help="droptail queue bound per direction, e.g. 64KiB (default: unbounded)",
     )
-    link.add_argument("--seed", type=int, default=0, help="seed of jitter and loss (default 0)")
+    link.add_argument("--seed", type=int, default=0, help="seed of jitter and loss (default: 0)")
     link.add_argument(
-        "--listen", type=int, default=0, metavar="PORT", help="port on --host (default: any free)"
+        "--listen",
+        default=LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to listen on; port 0: any free one (default: {LISTEN})",
     )
-    link.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
+    link.add_argument("--host", action=Deprecated, dest="host", new="--listen HOST:PORT", type=str)
     link.add_argument("--target", required=True, metavar="HOST:PORT", help="where to connect")
     link.add_argument(
-        "--duration", default=None, help="stop after this long (default: run until interrupted)"
+        "--duration",
+        default=None,
+        metavar="DURATION",
+        help="stop after this long (default: run until interrupted)",
     )
     link.add_argument(
-        "--report", default="0s", help="print counters at this interval, e.g. 1s (default: never)"
+        "--report",
+        default="0s",
+        metavar="DURATION",
+        help="print counters at this interval, e.g. 1s (default: 0s, never)",
     )
     add_debug_flag(link)
     link.set_defaults(run=_run_link)
@@ -103,7 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
         "on the same emulated link; writes report.json and PNG plots.",
     )
     run.add_argument("scenario", type=Path, help="the scenario TOML file (docs/netsim.md)")
-    run.add_argument("-o", "--output", type=Path, default=None, help="output folder")
+    run.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="output folder (default: netsim-NAME, NAME the scenario's)",
+    )
     run.add_argument("--no-plots", action="store_true", help="write report.json only")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     add_debug_flag(run)
@@ -115,20 +158,64 @@ def build_parser() -> argparse.ArgumentParser:
         "adaptive over several uplink traces.",
     )
     cmp.add_argument("--model", type=Path, required=True, help="the ONNX model")
-    cmp.add_argument("--traces", nargs="+", required=True, metavar="TRACE|RATE")
-    cmp.add_argument("--duration", default="10s", help="per strategy and trace (default 10s)")
-    cmp.add_argument("--rate", type=float, default=5.0, help="Poisson requests/s (default 5)")
-    cmp.add_argument("--delay", default="25ms", help="one-way delay (default 25ms)")
-    cmp.add_argument("--downlink", default="10mbit", help="downlink (default 10mbit)")
     cmp.add_argument(
-        "--slowdown", type=float, default=1.0, help="edge device this much slower (default 1)"
+        "--traces",
+        nargs="+",
+        required=True,
+        metavar="TRACE|RATE",
+        help="the uplinks to compare on: Mahimahi trace files or rates (5mbit), one run each",
     )
-    cmp.add_argument("--candidates", type=int, default=3, help="K of adaptive (default 3)")
-    cmp.add_argument("-o", "--output", type=Path, default=Path("netsim-compare"))
+    cmp.add_argument(
+        "--duration",
+        default="10s",
+        metavar="DURATION",
+        help="per strategy and trace (default: 10s)",
+    )
+    cmp.add_argument("--rate", type=float, default=5.0, help="Poisson requests/s (default: 5)")
+    cmp.add_argument(
+        "--delay", default="25ms", metavar="DURATION", help="one-way delay (default: 25ms)"
+    )
+    cmp.add_argument(
+        "--downlink", default="10mbit", metavar="RATE", help="downlink (default: 10mbit)"
+    )
+    cmp.add_argument(
+        "--slowdown", type=float, default=1.0, help="edge device this much slower (default: 1)"
+    )
+    cmp.add_argument(
+        "--candidates", type=int, default=3, metavar="K", help="K of adaptive (default: 3)"
+    )
+    cmp.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("netsim-compare"),
+        metavar="DIR",
+        help="output folder, one trace<i>/ per trace (default: netsim-compare)",
+    )
     cmp.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     add_debug_flag(cmp)
     cmp.set_defaults(run=_run_compare)
+    from splitinfer.sim.fleet.cli import add_fleet_command  # argparse only: light
+
+    add_fleet_command(commands)
     return p
+
+
+def parse_listen(args: argparse.Namespace) -> tuple[str, int]:
+    """``--listen HOST:PORT``; the former ``--listen PORT`` (with ``--host HOST``) still
+    reads, with one warning."""
+    text, host = str(args.listen), getattr(args, "host", None)
+    if text.isdigit():
+        print(
+            f"{PROG}: warning: --listen PORT is deprecated; use --listen HOST:PORT", file=sys.stderr
+        )
+        text = f"{host or '127.0.0.1'}:{text}"
+    elif host is not None:
+        raise ConfigError(f"--host {host} and --listen {text}: give the host in --listen only")
+    where, sep, port = text.rpartition(":")
+    if not sep or not where or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--listen {text!r} must be HOST:PORT, e.g. 127.0.0.1:0")
+    return where.strip("[]"), int(port)
 
 
 def parse_target(text: str) -> tuple[str, int]:
@@ -160,7 +247,7 @@ def link_config(args: argparse.Namespace) -> LinkConfig:
         jitter_ms=parse_duration(args.jitter, "--jitter") * 1000.0,
         loss=args.loss,
         outages=tuple(parse_outage(o) for o in args.outage),
-        queue_bytes=args.queue,
+        queue_bytes=None if args.queue is None else parse_size(args.queue, "--queue"),
         seed=args.seed,
     )
 
@@ -170,9 +257,8 @@ def _run_link(args: argparse.Namespace) -> int:
     target = parse_target(args.target)
     duration = parse_duration(args.duration, "--duration") if args.duration is not None else None
     report = parse_duration(args.report, "--report")
-    if not 0 <= args.listen < 65536:
-        raise ConfigError(f"--listen {args.listen} must be a port number 0..65535")
-    asyncio.run(_serve(config, target, args.host, args.listen, duration, report))
+    host, port = parse_listen(args)
+    asyncio.run(_serve(config, target, host, port, duration, report))
     return 0
 
 
@@ -221,7 +307,7 @@ def _counters(link: EmulatedLink) -> str:
 def _run_scenario(args: argparse.Namespace) -> int:
     from splitinfer.sim.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, warn=_warn)
     out = args.output or Path(f"netsim-{scenario.name}")
     doc = _execute(scenario, out, plots=not args.no_plots, progress=_progress(args.quiet))
     from splitinfer.sim.report import table
@@ -229,6 +315,10 @@ def _run_scenario(args: argparse.Namespace) -> int:
     print(table([(scenario.name, doc)]))
     print(f"{PROG}: report -> {out / 'report.json'}", flush=True)
     return 0
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
 
 
 def _progress(quiet: bool, prefix: str = "") -> Callable[[str], None]:

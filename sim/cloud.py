@@ -44,8 +44,8 @@ class CloudService:
             "warning",
             "--max-batch-size",
             str(self.spec.max_batch_size),
-            "--max-queue-delay-ms",
-            f"{self.spec.max_queue_delay_ms:g}",
+            "--max-queue-delay",
+            f"{self.spec.max_queue_delay_ms:g}ms",
             "--batching" if self.spec.batching else "--no-batching",
         ]
         for model in self.models:

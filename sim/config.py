@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import MahimahiTrace, parse_duration, parse_rate
+from splitinfer.shared.units import parse_size
 from splitinfer.sim import traces
 
 #: Words that mean "no rate limit" (delay, loss and outages still apply).
@@ -28,6 +29,13 @@ DIRECTION_FORMS = (
     "ATT-LTE-driving-2016.up), 'unlimited', or a table "
     "{rate = ...} / {trace = PATH, offset = DURATION}"
 )
+#: a link table's keys whose value carries its unit -> the field that names it
+LINK_UNIT_KEYS = {
+    "delay": "delay_ms",
+    "jitter": "jitter_ms",
+    "retransmit": "retransmit_ms",
+    "queue": "queue_bytes",
+}
 _LINK_KEYS = (
     "uplink",
     "downlink",
@@ -248,21 +256,31 @@ class LinkConfig:
         return max(2 * self.delay_ms / 1000.0, MIN_RETRANSMIT_S)
 
     @classmethod
-    def from_dict(cls, table: Mapping[str, Any], base: Path | None = None) -> LinkConfig:
+    def from_dict(
+        cls,
+        table: Mapping[str, Any],
+        base: Path | None = None,
+        warn: Callable[[str], None] | None = None,
+        where: str = "link",
+    ) -> LinkConfig:
         """A link from a TOML table (``[link]``); trace paths relative to ``base``.
 
-        ``uplink``/``downlink``: see :data:`DIRECTION_FORMS`; ``delay_ms``,
-        ``jitter_ms``, ``retransmit_ms``: a number of ms or a duration (``"25ms"``);
+        ``uplink``/``downlink``: see :data:`DIRECTION_FORMS`; ``delay``, ``jitter``,
+        ``retransmit``: durations (``"25ms"``); ``queue``: a size (``"64KiB"``);
         ``outages``: ``[[start, duration], ...]`` in s or durations; ``changes``:
-        ``[{at = "10s", uplink = "1mbit"}, ...]``.
+        ``[{at = "10s", uplink = "1mbit"}, ...]``. The former ``delay_ms``,
+        ``jitter_ms``, ``retransmit_ms`` (a number of ms or a duration) and
+        ``queue_bytes`` still read, told to ``warn``.
         """
         if not isinstance(table, Mapping):
             raise ConfigError(f"a link is a table of {', '.join(_LINK_KEYS)}; got {table!r}")
+        table = with_units(table, where, LINK_UNIT_KEYS, warn)
         unknown = sorted(set(table) - set(_LINK_KEYS))
         if unknown:
+            former = {old: new for new, old in LINK_UNIT_KEYS.items()}
             raise ConfigError(
                 f"unknown link option(s) {', '.join(unknown)}: the options are "
-                f"{', '.join(_LINK_KEYS)}"
+                f"{', '.join(former.get(k, k) for k in _LINK_KEYS)}"
             )
         kwargs: dict[str, Any] = {}
         for name in ("uplink", "downlink"):
@@ -379,3 +397,36 @@ def _change(value: object, base: Path | None) -> Change:
         uplink=Direction.parse(value["uplink"], base) if "uplink" in value else None,
         downlink=Direction.parse(value["downlink"], base) if "downlink" in value else None,
     )
+
+
+def with_units(
+    table: Mapping[str, Any],
+    where: str,
+    keys: Mapping[str, str],
+    warn: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """``table`` with its ``keys`` that carry units (``timeout = "2s"``) as the fields
+    that name theirs (``timeout_s = 2.0``); a former key is kept, and told to ``warn``."""
+    table = dict(table)
+    for new, old in keys.items():
+        if new in table and old in table:
+            raise ConfigError(f"[{where}] {new} and {old} are one option: keep {new}")
+        if old in table and warn is not None:
+            warn(f"[{where}] {old} is deprecated; use {new} (with units)")
+        if new in table:
+            table[old] = _in_unit(table.pop(new), old, f"{where}.{new}")
+    return table
+
+
+def _in_unit(value: object, field_name: str, name: str) -> float | int:
+    """``value`` (with units; 0 and a size's bare bytes need none) in the field's unit."""
+    size = field_name.endswith("_bytes")
+    if isinstance(value, str):
+        if size:
+            return parse_size(value, name)
+        seconds = 0.0 if value.strip() == "0" else parse_duration(value, name)
+        return seconds * 1000.0 if field_name.endswith("_ms") else seconds
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (value == 0 or size):
+        return value
+    unit = "ms" if field_name.endswith("_ms") else "s"
+    raise ConfigError(f'{name}={value!r}: give it with units, e.g. "{value}{unit}"')

@@ -3,7 +3,7 @@
 The device is a profile ``partition --edge-profile`` reads: ``edge.device`` names
 one (a built-in profile or a measured JSON), or ``edge.slowdown = k`` makes one:
 the model's node profile measured here, times k (:func:`slowed_profile`). The
-edge agent emulates it itself (``edge-agent --runtime-emulate-device PROFILE``,
+edge agent emulates it itself (``edge-agent --emulate-device PROFILE``,
 ``edge/emulate.py``): every edge segment run takes the profile's time for its
 nodes. In-process agents get the same wrapping through :func:`emulated`.
 """
@@ -21,7 +21,7 @@ def slowed_profile(package: Path, slowdown: float, out: Path) -> Path:
     what ``partition --edge-profile`` plans with for a device that much slower."""
     from splitinfer.edge.profile import profile_package
 
-    measured = profile_package(package, runs=5, warmup=2).profile
+    measured = profile_package(package, runs=5, warmup=2, whole=True).profile
     k = float(slowdown)
     slowed = dataclasses.replace(
         measured,

@@ -13,7 +13,7 @@ the workload and the cloud's batching, as frozen dataclasses read from TOML.
     # device = "jetson-orin-nano"          # or a device profile (built-in name or JSON)
     shared_link = false                    # true: every agent behind one link
     fallback = false                       # package the full model for local answers
-    timeout_s = 2                          # one uplink attempt
+    timeout = "2s"                         # one uplink attempt
 
     [workload]
     kind = "poisson"                       # or "closed" (with concurrency)
@@ -27,7 +27,11 @@ the workload and the cloud's batching, as frozen dataclasses read from TOML.
 
     [cloud]
     max_batch_size = 32
-    max_queue_delay_ms = 2
+    max_queue_delay = "2ms"
+
+Quantities carry their units in the value, as the tools' flags do (``timeout = "2s"``,
+``[link] delay = "25ms"``, ``queue = "64KiB"``); the former keys with the unit in the
+name (``timeout_s = 2``, ``delay_ms = 25``) still read, deprecated, with one warning.
 
 Strategies: ``edge-only`` (the whole model on the device), ``cloud-only`` (the
 input uploaded with the package's codec), ``cut:ID`` (one fixed cut), ``cuts``
@@ -40,7 +44,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +52,7 @@ from typing import Any
 from splitinfer.shared.errors import ConfigError
 from splitinfer.shared.links import parse_duration
 from splitinfer.shared.options import load_toml
-from splitinfer.sim.config import LinkConfig
+from splitinfer.sim.config import LinkConfig, with_units
 
 STRATEGY_WORDS = ("edge-only", "cloud-only", "cuts", "auto", "adaptive")
 WORKLOAD_KINDS = ("poisson", "closed")
@@ -56,6 +60,16 @@ AGENT_MODES = ("process", "inprocess")
 _CUT_ID = re.compile(r"^cut:[A-Za-z0-9._-]+$")
 _TOP_KEYS = ("name", "model", "strategies", "candidates", "seed", "input_shape")
 _TABLES = ("edge", "workload", "link", "backup_link", "cloud")
+#: per table, the keys whose value carries its unit -> the field (its unit in its name)
+_UNIT_KEYS = {
+    "edge": {
+        "timeout": "timeout_s",
+        "request_timeout": "request_timeout_s",
+        "link_half_life": "link_half_life_s",
+        "min_rate_sample": "min_rate_bytes",
+    },
+    "cloud": {"max_queue_delay": "max_queue_delay_ms"},
+}
 
 
 def _number(value: object, name: str, *, low: float, integer: bool = False) -> float:
@@ -229,8 +243,11 @@ def _seconds(value: object, name: str) -> float:
     return _number(value, name, low=0)
 
 
-def scenario_from_dict(doc: Mapping[str, Any], base: Path) -> Scenario:
-    """A scenario from a parsed TOML document; paths relative to ``base``."""
+def scenario_from_dict(
+    doc: Mapping[str, Any], base: Path, warn: Callable[[str], None] | None = None
+) -> Scenario:
+    """A scenario from a parsed TOML document; paths relative to ``base``; ``warn`` gets
+    one line per former (deprecated) key."""
     unknown = sorted(set(doc) - set(_TOP_KEYS) - set(_TABLES))
     if unknown:
         raise ConfigError(
@@ -253,7 +270,7 @@ def scenario_from_dict(doc: Mapping[str, Any], base: Path) -> Scenario:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{key} must be a list of strings, got {value!r}")
             kwargs[key] = tuple(value)
-    edge = _table(doc, "edge")
+    edge = with_units(_table(doc, "edge"), "edge", _UNIT_KEYS["edge"], warn)
     _take(edge, "edge", tuple(EdgeSpec.__dataclass_fields__))
     device = edge.get("device")
     if isinstance(device, str) and (device.endswith(".json") or "/" in device):
@@ -265,22 +282,23 @@ def scenario_from_dict(doc: Mapping[str, Any], base: Path) -> Scenario:
     if "duration" in work:
         work["duration_s"] = _seconds(work.pop("duration"), "workload.duration")
     kwargs["workload"] = WorkloadSpec(**work)
-    cloud = _table(doc, "cloud")
+    cloud = with_units(_table(doc, "cloud"), "cloud", _UNIT_KEYS["cloud"], warn)
     _take(cloud, "cloud", tuple(CloudSpec.__dataclass_fields__))
     kwargs["cloud"] = CloudSpec(**cloud)
-    kwargs["link"] = LinkConfig.from_dict(_table(doc, "link"), base)
+    kwargs["link"] = LinkConfig.from_dict(_table(doc, "link"), base, warn)
     if "backup_link" in doc:
-        kwargs["backup_link"] = LinkConfig.from_dict(_table(doc, "backup_link"), base)
+        backup = _table(doc, "backup_link")
+        kwargs["backup_link"] = LinkConfig.from_dict(backup, base, warn, "backup_link")
     return Scenario(**kwargs)
 
 
-def load_scenario(path: Path | str) -> Scenario:
-    """Read and check a scenario TOML file."""
+def load_scenario(path: Path | str, warn: Callable[[str], None] | None = None) -> Scenario:
+    """Read and check a scenario TOML file (``warn``: one line per deprecated key)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"scenario {str(path)!r} does not exist")
     doc = load_toml(path, "scenario file")
     try:
-        return scenario_from_dict(doc, path.resolve().parent)
+        return scenario_from_dict(doc, path.resolve().parent, warn)
     except TypeError as exc:  # a wrong key reached a constructor
         raise ConfigError(f"scenario {str(path)!r}: {exc}") from None

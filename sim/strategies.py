@@ -214,7 +214,7 @@ def _indented(progress: Callable[[str], None], name: str) -> Callable[[str], Non
 
 def device_profile(scenario: Scenario, work: Path) -> str | None:
     """The scenario's device as a profile ``partition --edge-profile`` and ``edge-agent
-    --runtime-emulate-device`` read: ``edge.device``, else the whole model measured here
+    --emulate-device`` read: ``edge.device``, else the whole model measured here
     times ``edge.slowdown`` (a JSON in ``work``); None for this machine."""
     from splitinfer.sim.device import slowed_profile
 

@@ -68,8 +68,7 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | np.ndar
         ]  # fmt: skip
 
     assert (
-        partition([*common(3), "--adapt-cloud", "--adapt-seconds", "8", "-o", str(root / "pk")])
-        == 0
+        partition([*common(3), "--adapt-cloud", "--adapt-time", "8s", "-o", str(root / "pk")]) == 0
     )
     # Which split cuts make the shortlist depends on measured times (a loaded machine
     # can swap one); the tests use the adapted one nearest the logits, and the
@@ -266,9 +265,9 @@ def test_the_torch_twin_of_a_segment_is_the_onnx_one(digits: Mapping[str, object
     ("extra", "message"),
     [
         (["--adapt-cloud"], "--adapt-cloud goes with --epsilon"),
-        (["--adapt-seconds", "5"], "--adapt-seconds goes with --adapt-cloud"),
-        (["--epsilon", "8", "--clip", "1", "--adapt-cloud", "--adapt-seconds", "0"],
-         "--adapt-seconds 0.0: must be a number of seconds > 0"),
+        (["--adapt-time", "5s"], "--adapt-time goes with --adapt-cloud"),
+        (["--epsilon", "8", "--clip", "1", "--adapt-cloud", "--adapt-time", "0"],
+         "--adapt-time 0s: must be more than 0s"),
     ],
 )  # fmt: skip
 def test_flag_errors_are_one_line(

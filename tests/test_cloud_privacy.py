@@ -85,7 +85,9 @@ async def test_a_device_past_its_budget_is_refused_until_its_window_ends(
 ) -> None:
     m = built[1]
     clock = Clock()
-    cfg = config(repo, privacy=PrivacyConfig(max_epsilon=BUDGET, window_s=60.0, delta=DELTA))
+    cfg = config(
+        repo, privacy=PrivacyConfig(budget_epsilon=BUDGET, budget_window_s=60.0, budget_delta=DELTA)
+    )
     async with Engine(cfg, clock=clock) as engine:
         for _ in range(2):
             await engine.infer("chain", noised(m), device="cam-1")
@@ -130,7 +132,10 @@ async def test_a_frame_noised_less_than_the_package_asks_is_refused(
 async def test_over_http_the_refusal_is_429_with_retry_after(
     aiohttp_client: Client, built: tuple[Path, Manifest], repo: Path
 ) -> None:
-    cfg = config(repo, privacy=PrivacyConfig(max_epsilon=BUDGET, window_s=600.0, delta=DELTA))
+    cfg = config(
+        repo,
+        privacy=PrivacyConfig(budget_epsilon=BUDGET, budget_window_s=600.0, budget_delta=DELTA),
+    )
     client = await aiohttp_client(build_app(cfg))
     headers = {"Content-Type": FRAME_TYPE, HEADER_DEVICE: "cam-9"}
     statuses = []
@@ -147,14 +152,22 @@ async def test_over_http_the_refusal_is_429_with_retry_after(
     )
 
 
-def test_the_budget_is_configured_from_flags_and_validated() -> None:
-    args = build_parser().parse_args(
-        ["--repository", "r", "--privacy-max-epsilon", "8", "--privacy-window-s", "60"]
-    )
+def test_the_budget_is_configured_from_flags_and_validated(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    new = ["--privacy-budget-epsilon", "8", "--privacy-budget-window", "60s"]
+    args = build_parser().parse_args(["--repository", "r", *new])
     p = config_from_args(args).privacy
-    assert (p.max_epsilon, p.window_s, p.accountant, p.enforced) == (8.0, 60.0, "rdp", True)
+    want = (8.0, 60.0, 1e-5, "rdp", True)
+    assert (p.budget_epsilon, p.budget_window_s, p.budget_delta, p.accountant, p.enforced) == want
     assert not PrivacyConfig().enforced
+    assert not PrivacyConfig(budget_epsilon=0.0).enforced  # 0: no budget, as unset
     with pytest.raises(ConfigError, match=r"privacy\.accountant='gdp'"):
         PrivacyConfig(accountant="gdp")
-    with pytest.raises(ConfigError, match=r"privacy\.delta=1\.0"):
-        PrivacyConfig(delta=1.0)
+    with pytest.raises(ConfigError, match=r"privacy\.budget_delta=1\.0"):
+        PrivacyConfig(budget_delta=1.0)
+    # the former flags (the budget's name before the edge agent and the service shared it)
+    old = ["--privacy-max-epsilon", "8", "--privacy-window-s", "60", "--privacy-delta", "1e-6"]
+    p = config_from_args(build_parser().parse_args(["--repository", "r", *old])).privacy
+    assert (p.budget_epsilon, p.budget_window_s, p.budget_delta) == (8.0, 60.0, 1e-6)
+    assert capsys.readouterr().err.count("is deprecated; use --privacy-budget-") == 3

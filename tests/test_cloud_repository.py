@@ -19,7 +19,7 @@ from splitinfer.cloud.registry import Registry
 from splitinfer.cloud.repository import HashCache, scan, select_versions, version_key
 from splitinfer.cloud.runtime import Runtime, choose_providers, provider_options
 from splitinfer.cloud.traffic import choose_version, stable_draw
-from splitinfer.shared.errors import ModelError, PackageError
+from splitinfer.shared.errors import ConfigError, ModelError, PackageError
 
 pytestmark = pytest.mark.integration
 
@@ -137,10 +137,14 @@ def test_providers_follow_preference_among_available_and_keep_cpu() -> None:
         "CPUExecutionProvider"
     ]
     assert choose_providers(("cpu",), gpu) == ["CPUExecutionProvider"]
-    cfg = RuntimeConfig(trt_fp16=True, trt_cache_dir="/cache", device_id=1)
+    assert choose_providers(("auto",), gpu) == gpu
+    with pytest.raises(ConfigError, match="has none of them"):
+        choose_providers(("cuda",), ["CPUExecutionProvider"])
+    cfg = RuntimeConfig(trt_fp16=True, trt_cache_dir=Path("/cache"), gpu=1)
     assert provider_options("TensorrtExecutionProvider", cfg) == {
         "device_id": "1",
         "trt_fp16_enable": "True",
+        "trt_max_workspace_size": str(2**30),
         "trt_engine_cache_enable": "True",
         "trt_engine_cache_path": "/cache",
     }
@@ -149,7 +153,7 @@ def test_providers_follow_preference_among_available_and_keep_cpu() -> None:
 
 
 def test_the_runtime_runs_plainly_and_through_io_binding(repo: Path) -> None:
-    rt = Runtime(repo / "chain" / "2" / "cloud.onnx", RuntimeConfig(intra_op_threads=1))
+    rt = Runtime(repo / "chain" / "2" / "cloud.onnx", RuntimeConfig(threads=1))
     assert rt.providers == ["CPUExecutionProvider"]
     assert not rt.io_binding  # only GPU providers bind
     feeds = {"x": np.ones((3, 4), np.float32)}

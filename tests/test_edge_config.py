@@ -21,6 +21,7 @@ from splitinfer.edge.config import (
     sections,
 )
 from splitinfer.shared.errors import ConfigError
+from splitinfer.shared.options import options
 
 pytestmark = pytest.mark.unit
 
@@ -29,19 +30,23 @@ def test_every_option_is_a_flag_with_help() -> None:
     parser = build_parser()
     flags = {o for a in parser._actions for o in a.option_strings}
     helps = {o: a.help for a in parser._actions for o in a.option_strings}
+    opts = options(EdgeConfig)
+    assert {o.section for o in opts} == {None, *sections()}
     for f in dataclasses.fields(EdgeConfig):
         if f.name in sections():
             cls = f.default_factory()  # type: ignore[misc]
-            for sub in dataclasses.fields(cls):
-                flag = f"--{f.name}-{sub.name}".replace("_", "-")
-                assert flag in flags, flag
-                assert helps[flag], flag
-        else:
-            assert f"--{f.name}".replace("_", "-") in flags, f.name
-    assert "--no-runtime-verify" in flags  # booleans have both forms
+            assert len([o for o in opts if o.section == f.name]) == len(dataclasses.fields(cls))
+    for opt in opts:
+        assert opt.flag in flags, opt.key
+        assert helps[opt.flag], opt.flag
+    # the runtime section's flags have no prefix (as in cloud-service); the queue's do
+    assert {"--providers", "--threads", "--gpu", "--trt-fp16", "--queue-max-queue"} <= flags
+    assert "--no-verify" in flags  # booleans have both forms
     text = parser.format_help()
     assert "--uplink-max-attempts" in text
-    assert "(default 3)" in text
+    assert "(default: 3)" in text
+    assert "--uplink-timeout DURATION" in text
+    assert "(default: 5s)" in text
 
 
 def test_file_then_flags(tmp_path: Path) -> None:
@@ -54,7 +59,7 @@ listen = "0.0.0.0:9000"
 model = "demo:3"
 
 [uplink]
-timeout_s = 2
+timeout = "2s"
 max_attempts = 4
 
 [adapt]
@@ -65,7 +70,7 @@ prior_uplink = "5mbit"
 budget_epsilon = 8
 """
     )
-    config, _ = resolve(["--config", str(cfg), "--uplink-timeout-s", "0.5", "--no-adapt-enabled"])
+    config, _ = resolve(["--config", str(cfg), "--uplink-timeout", "500ms", "--no-adapt-enabled"])
     assert config.package == Path("/srv/pkg")
     assert config.cloud == ("https://a.example:8443", "https://b.example:8443")
     assert config.host_port == ("0.0.0.0", 9000)
@@ -75,11 +80,30 @@ budget_epsilon = 8
     assert not config.adapt.enabled
     assert config.privacy.budget_epsilon == 8.0
     assert config.runtime == RuntimeConfig()  # untouched sections keep their defaults
-    flags, _ = resolve(
-        ["--package", "p", "--cloud", "http://a:1,http://b:2", "--runtime-provider", "cpu"]
-    )
+    flags, _ = resolve(["--package", "p", "--cloud", "http://a:1,http://b:2", "--providers", "cpu"])
     assert flags.cloud == ("http://a:1", "http://b:2")
-    assert flags.runtime.provider == "cpu"
+    assert flags.runtime.providers == ("cpu",)
+
+
+def test_former_spellings_still_work_with_one_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "edge.toml"
+    cfg.write_text("package = 'p'\ncloud = ['http://a:1']\n[uplink]\ntimeout_s = 2\n")
+    old = ["--runtime-provider", "cpu", "--queue-inline-below-ms", "0.5", "--no-runtime-verify"]
+    config, _ = resolve(["--config", str(cfg), *old, "--runtime-trt-workspace-mb", "512"])
+    assert config.runtime.providers == ("cpu",)
+    assert not config.runtime.verify
+    assert config.queue.inline_below_ms == 0.5  # the former unit: milliseconds
+    assert config.runtime.trt_workspace_mb == 512
+    assert config.uplink.timeout_s == 2.0
+    assert capsys.readouterr().err.splitlines() == [
+        "edge-agent: warning: --runtime-provider is deprecated; use --providers",
+        "edge-agent: warning: --queue-inline-below-ms is deprecated; use --queue-inline-below",
+        "edge-agent: warning: --no-runtime-verify is deprecated; use --no-verify",
+        "edge-agent: warning: --runtime-trt-workspace-mb is deprecated; use --trt-workspace",
+        f'edge-agent: warning: {cfg}: uplink.timeout_s is deprecated; use uplink.timeout = "2s"',
+    ]
 
 
 @pytest.mark.parametrize(
@@ -92,12 +116,10 @@ budget_epsilon = 8
         (["--package", "p", "--cloud", "http://a:99999"], "the port is not a number"),
         (["--package", "p", "--cloud", "http://a", "--listen", "8080"], "is not HOST:PORT"),
         (["--package", "p", "--cloud", "http://a", "--model", "a/b"], "is not NAME[:VERSION]"),
-        (["--package", "p", "--cloud", "http://a", "--uplink-timeout-s", "x"], "is not a number"),
-        (
-            ["--package", "p", "--cloud", "http://a", "--uplink-timeout-s", "0"],
-            "must be a number > 0",
-        ),
-        (["--package", "p", "--cloud", "http://a", "--runtime-provider", "gpu"], "is unknown"),
+        (["--package", "p", "--cloud", "http://a", "--uplink-timeout", "x"], "not understood"),
+        (["--package", "p", "--cloud", "http://a", "--uplink-timeout", "5"], "not understood"),
+        (["--package", "p", "--cloud", "http://a", "--uplink-timeout", "0"], "must be > 0"),
+        (["--package", "p", "--cloud", "http://a", "--providers", "gpu"], "give auto, or one"),
         (["--package", "p", "--cloud", "http://a", "--adapt-prior-uplink", "5mbps"], "ambiguous"),
         (["--package", "p", "--cloud", "http://a", "--queue-max-queue", "-1"], ">= 0"),
         (["--package", "p", "--cloud", "http://a", "--bogus", "1"], "unrecognized arguments"),
@@ -121,8 +143,10 @@ def test_file_errors(tmp_path: Path) -> None:
         config_from_mapping({"package": "p", "uplink": {"retries": 3}})
     with pytest.raises(ConfigError, match="nonsense: unknown option"):
         config_from_mapping({"package": "p", "nonsense": 1})
-    with pytest.raises(ConfigError, match="timeout_s: 'soon' is not a float"):
-        config_from_mapping({"package": "p", "uplink": {"timeout_s": "soon"}})
+    with pytest.raises(ConfigError, match="timeout: duration 'soon' not understood"):
+        config_from_mapping({"package": "p", "uplink": {"timeout": "soon"}})
+    with pytest.raises(ConfigError, match=r'timeout=2: give it with units, e\.g\. "2s"'):
+        config_from_mapping({"package": "p", "uplink": {"timeout": 2}})
     with pytest.raises(ConfigError, match=r"\[queue\] must be a table"):
         config_from_mapping({"package": "p", "queue": 3})
 

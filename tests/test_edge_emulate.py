@@ -151,7 +151,7 @@ def test_the_agent_option_loads_an_emulated_model(
             str(pkg),
             "--cloud",
             "http://127.0.0.1:9",
-            "--runtime-emulate-device",
+            "--emulate-device",
             str(profile),
         ]
     )

@@ -68,8 +68,8 @@ def _outputs(package: Path, config: RuntimeConfig) -> tuple[np.ndarray, tuple[st
 @pytest.mark.gpu
 @pytest.mark.skipif(CUDA not in AVAILABLE, reason="no CUDAExecutionProvider here")
 def test_cuda_matches_cpu(package: Path) -> None:
-    want, _ = _outputs(package, RuntimeConfig(provider="cpu"))
-    got, providers = _outputs(package, RuntimeConfig(provider="cuda"))
+    want, _ = _outputs(package, RuntimeConfig(providers=("cpu",)))
+    got, providers = _outputs(package, RuntimeConfig(providers=("cuda",)))
     assert providers[0] == CUDA
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 
@@ -78,8 +78,8 @@ def test_cuda_matches_cpu(package: Path) -> None:
 @pytest.mark.skipif(TENSORRT not in AVAILABLE, reason="no TensorrtExecutionProvider here")
 def test_tensorrt_builds_then_reuses_its_engine(package: Path, tmp_path: Path) -> None:
     cache = tmp_path / "trt"
-    config = RuntimeConfig(provider="tensorrt", trt_cache_dir=cache)
-    want, _ = _outputs(package, RuntimeConfig(provider="cpu"))
+    config = RuntimeConfig(providers=("tensorrt",), trt_cache_dir=cache)
+    want, _ = _outputs(package, RuntimeConfig(providers=("cpu",)))
     got, providers = _outputs(package, config)
     assert providers[0] == TENSORRT
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
@@ -99,7 +99,7 @@ def test_tensorrt_builds_then_reuses_its_engine(package: Path, tmp_path: Path) -
 def test_strict_tensorrt_has_no_fallback(tmp_path: Path) -> None:
     seg = Segment("edge.onnx", "ab" * 32, ("x",), ("y",), 2, precision="int8")
     device = DeviceInfo(gpu_name="NVIDIA L4", tensorrt_version="10.9.0")
-    config = RuntimeConfig(provider="tensorrt")
+    config = RuntimeConfig(providers=("tensorrt",))
     every = [TENSORRT, CUDA, CPU]
     loose = select_providers(every, device, config, seg, tmp_path)
     strict = select_providers(every, device, config, seg, tmp_path, strict=True)
@@ -108,7 +108,7 @@ def test_strict_tensorrt_has_no_fallback(tmp_path: Path) -> None:
     assert strict[0][1] == loose[0][1]  # the same engine options and cache folder
     assert strict[0][1]["trt_int8_enable"] is True
     # strict changes nothing for the other providers
-    cpu = RuntimeConfig(provider="cpu")
+    cpu = RuntimeConfig(providers=("cpu",))
     assert select_providers(every, device, cpu, seg, tmp_path, strict=True) == [(CPU, {})]
 
 
@@ -220,7 +220,7 @@ def test_one_model_end_to_end_with_the_cpu_standing_in_for_tensorrt(
 
     def cpu_open(path: Path, segment: Segment, config: RuntimeConfig, *a: Any, **k: Any) -> Any:
         seen.append((segment.precision, config.trt_int8, config.trt_fp16, k["strict"]))
-        return open_segment(path, segment, RuntimeConfig(provider="cpu"), DeviceInfo(), [CPU])
+        return open_segment(path, segment, RuntimeConfig(providers=("cpu",)), DeviceInfo(), [CPU])
 
     monkeypatch.setattr(runtime, "open_segment", cpu_open)
     monkeypatch.setattr(runtime, "tensorrt_parse_errors", lambda path: [])

@@ -58,16 +58,23 @@ def test_auto_selection(available: list[str], device: DeviceInfo, want: list[str
 
 def test_explicit_choices_and_missing_providers() -> None:
     all3 = [TENSORRT, CUDA, CPU]
-    assert names(select_providers(all3, JETSON, RuntimeConfig(provider="cpu"), SEG, ROOT)) == [CPU]
-    assert names(select_providers(all3, DESKTOP, RuntimeConfig(provider="tensorrt"), SEG, ROOT))[
-        0
-    ] == (TENSORRT)
+    assert names(select_providers(all3, JETSON, RuntimeConfig(providers=("cpu",)), SEG, ROOT)) == [
+        CPU
+    ]
+    assert names(
+        select_providers(all3, DESKTOP, RuntimeConfig(providers=("tensorrt",)), SEG, ROOT)
+    )[0] == (TENSORRT)
     with pytest.raises(ConfigError, match="onnxruntime-gpu"):
-        select_providers([CPU], DESKTOP, RuntimeConfig(provider="cuda"), SEG, ROOT)
+        select_providers([CPU], DESKTOP, RuntimeConfig(providers=("cuda",)), SEG, ROOT)
     with pytest.raises(ConfigError, match="TensorrtExecutionProvider"):
-        select_providers([CUDA, CPU], JETSON, RuntimeConfig(provider="tensorrt"), SEG, ROOT)
-    cuda = select_providers([CUDA, CPU], DESKTOP, RuntimeConfig(provider="cuda", gpu=1), SEG, ROOT)
+        select_providers([CUDA, CPU], JETSON, RuntimeConfig(providers=("tensorrt",)), SEG, ROOT)
+    one = RuntimeConfig(providers=("cuda",), gpu=1)
+    cuda = select_providers([CUDA, CPU], DESKTOP, one, SEG, ROOT)
     assert cuda[0] == (CUDA, {"device_id": 1})
+    # a list, best first: the first this build has runs the segment
+    pref = RuntimeConfig(providers=("tensorrt", "cuda", "cpu"))
+    assert names(select_providers([CUDA, CPU], DESKTOP, pref, SEG, ROOT)) == [CUDA, CPU]
+    assert names(select_providers([CPU], DESKTOP, pref, SEG, ROOT)) == [CPU]
 
 
 def test_tensorrt_options_and_cache_key() -> None:

@@ -261,7 +261,7 @@ async def test_a_body_sent_a_byte_at_a_time_gets_408(ingress: Ingress, built: Pa
         finally:
             sender.cancel()
         assert status == 408
-        assert b"body_timeout_s" in text
+        assert b"(body_timeout)" in text
 
 
 async def _trickle(writer: asyncio.StreamWriter, data: bytes) -> None:

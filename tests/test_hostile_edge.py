@@ -204,7 +204,7 @@ async def test_the_local_api_closes_idle_and_slow_sockets_and_caps_connections(
             async with asyncio.timeout(3):
                 status, _, text = await read_response(reader)
             assert status == 408
-            assert b"body_timeout_s" in text
+            assert b"(body_timeout)" in text
         status, _, _, closed = await one_past_the_cap(url, 3)
         assert status == 503
         assert closed

@@ -1,5 +1,5 @@
 """An MoE model served end to end: ``edge-agent`` → HTTP → ``cloud-service`` with an
-expert cache smaller than the experts (``--expert-cache-bytes``), against the dense
+expert cache smaller than the experts (``--expert-cache``), against the dense
 torch reference; the cache's metrics on the service's ``/metrics``.
 """
 
@@ -52,7 +52,7 @@ def cloud(world: World) -> Iterator[Daemon]:
         "--repository", world.repo,
         "--listen", "127.0.0.1:0",
         "--no-auth",
-        "--expert-cache-bytes", str(2 * world.one_expert),
+        "--expert-cache", str(2 * world.one_expert),
     )  # fmt: skip
     yield proc
     proc.stop()
@@ -125,5 +125,5 @@ def test_the_cache_budget_comes_from_the_runtime_section() -> None:
     assert (small.budget_bytes, small.policy) == (1 << 20, "lru")
     with pytest.raises(ConfigError, match="expert_cache_policy='fifo'"):
         RuntimeConfig(expert_cache_policy="fifo")
-    with pytest.raises(ConfigError, match="expert_cache_bytes=-1"):
+    with pytest.raises(ConfigError, match="expert_cache=-1: must be at least 0"):
         RuntimeConfig(expert_cache_bytes=-1)

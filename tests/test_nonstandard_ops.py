@@ -267,7 +267,7 @@ def test_the_segment_field_round_trips_and_is_checked() -> None:
     [
         ([TENSORRT, CUDA, CPU], RuntimeConfig(), [CUDA, CPU]),  # auto on a Jetson
         ([TENSORRT, CPU], RuntimeConfig(), [CPU]),
-        ([TENSORRT, CUDA, CPU], RuntimeConfig(provider="tensorrt"), [CUDA, CPU]),
+        ([TENSORRT, CUDA, CPU], RuntimeConfig(providers=("tensorrt",)), [CUDA, CPU]),
     ],
 )
 def test_the_edge_never_gives_such_a_segment_to_tensorrt(

@@ -110,15 +110,81 @@ def test_flags_are_typed_and_bools_negatable() -> None:
     assert vars(parse(["--inner-names", "a,b"]))["inner.names"] == ("a", "b")
     text = ArgumentParser(prog="t")
     add_flags(text, Outer)
-    assert "how many (default 3)" in text.format_help()
+    assert "how many (default: 3)" in text.format_help()
 
 
 def test_the_daemons_share_the_system() -> None:
     cloud = {o.flag for o in options(ServiceConfig)}
-    assert {"--max-batch-size", "--batching", "--providers", "--privacy-max-epsilon"} <= cloud
+    assert {"--max-batch-size", "--batching", "--providers", "--privacy-budget-epsilon"} <= cloud
     edge = {o.flag for o in options(EdgeConfig)}
-    assert {"--package", "--uplink-timeout-s", "--runtime-provider", "--queue-max-queue"} <= edge
+    assert {"--package", "--uplink-timeout", "--providers", "--queue-max-queue"} <= edge
     assert {o.flag for o in options(PartitionRequest)} >= {"model", "--split", "--edge-profile"}
+    # the shared settings: one key, one flag in both daemons
+    shared = {"runtime.providers", "runtime.threads", "runtime.gpu", "runtime.trt_fp16"}
+    shared |= {"runtime.trt_workspace", "privacy.budget_epsilon", "privacy.budget_window"}
+    for key in shared:
+        flags = {o.flag for c in (ServiceConfig, EdgeConfig) for o in options(c) if o.key == key}
+        assert len(flags) == 1, (key, flags)
+
+
+@dataclass(frozen=True)
+class Timed:
+    wait_ms: float = option(2.0, "a wait", minimum=0.0)
+    size_bytes: int = option(1024, "a size", minimum=1)
+    tries: int = option(1, "tries", old=("attempts",))
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+@dataclass(frozen=True)
+class Holder:
+    timed: Timed = section(Timed, prefix="", old_prefix="t", old={"tries": ["retries"]})
+
+
+def test_a_unit_in_the_field_name_is_a_value_with_units() -> None:
+    opts = {o.name: o for o in options(Timed)}
+    assert (opts["wait_ms"].key, opts["wait_ms"].flag, opts["wait_ms"].unit) == (
+        "wait",
+        "--wait",
+        "ms",
+    )
+    assert opts["size_bytes"].flag == "--size"
+    assert build(Timed, {"wait": "1s", "size": "2KiB"}) == Timed(1000.0, 2048)
+    assert build(Timed, {"wait": 0, "size": 4096}) == Timed(0.0, 4096)  # 0, and bare bytes
+    with pytest.raises(ConfigError, match=r'wait=5: give it with units, e\.g\. "5ms"'):
+        build(Timed, {"wait": 5})
+    with pytest.raises(ConfigError, match="wait=-1ms: must be at least 0"):
+        Timed(wait_ms=-1.0)
+    text = ArgumentParser(prog="t")
+    add_flags(text, Timed)
+    assert "a wait (default: 2ms)" in text.format_help()
+    assert "a size (default: 1KiB)" in text.format_help()
+
+
+def test_former_names_still_work_once_warned(capsys: pytest.CaptureFixture[str]) -> None:
+    told: list[str] = []
+    got = build(Timed, {"wait_ms": 5, "attempts": 2}, "f.toml", told.append)
+    assert got == Timed(5.0, 1024, 2)
+    assert told == [
+        'f.toml: wait_ms is deprecated; use wait = "5ms"',
+        "f.toml: attempts is deprecated; use tries",
+    ]
+    with pytest.raises(ConfigError, match="given twice"):
+        build(Timed, {"wait_ms": 5, "wait": "5ms"})
+    p = ArgumentParser(prog="t")
+    add_flags(p, Holder)
+    # the section's flags had the prefix t: --t-wait-ms, --t-retries (its former name)
+    args = p.parse_args(["--t-wait-ms", "7", "--t-retries", "3", "--t-wait-ms", "8"])
+    assert build(Holder, merge_flags({}, args, Holder)).timed == Timed(8.0, 1024, 3)
+    assert capsys.readouterr().err.splitlines() == [
+        "t: warning: --t-wait-ms is deprecated; use --wait",
+        "t: warning: --t-retries is deprecated; use --tries",
+    ]
+    assert "--t-wait-ms" not in p.format_help()  # hidden
+    # a flag overrides the file's value given under the former key
+    args = p.parse_args(["--wait", "3ms"])
+    assert build(Holder, merge_flags({"timed": {"wait_ms": 9}}, args, Holder)).timed.wait_ms == 3
 
 
 @pytest.mark.parametrize(

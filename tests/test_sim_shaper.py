@@ -397,8 +397,9 @@ def test_link_config_rejects_bad_values(kwargs: dict[str, object], message: str)
 
 
 def test_link_config_from_dict_rejects_unknown_keys() -> None:
-    with pytest.raises(ConfigError, match="delay"):
-        LinkConfig.from_dict({"delay": "25ms"})
+    with pytest.raises(ConfigError, match="latency"):
+        LinkConfig.from_dict({"latency": "25ms"})
+    assert LinkConfig.from_dict({"delay": "25ms"}).delay_ms == 25.0  # units in the value
     with pytest.raises(ConfigError, match="changes nothing"):
         LinkConfig.from_dict({"changes": [{"at": 1}]})
 

@@ -108,10 +108,10 @@ def test_the_cli_writes_and_reports(
     package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     conf = tmp_path / "service.toml"
-    conf.write_text("[batching]\nmax_batch_size = 8\nmax_queue_delay_ms = 1.5\n")
+    conf.write_text('[batching]\nmax_batch_size = 8\nmax_queue_delay = "1.5ms"\n')
     out = tmp_path / "repo"
     argv = [str(package), "-o", str(out), "--cut", "c2", "--config", str(conf)]
-    argv += ["--preferred-batch-size", "4,8", "--version", "2"]
+    argv += ["--preferred-batch-size", "4,8", "--model-version", "2"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "cut c2 ->" in printed
@@ -125,13 +125,33 @@ def test_the_cli_writes_and_reports(
     assert main([*argv, "--force"]) == 0
 
 
+def test_the_former_version_and_delay_flags_still_work(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "repo"
+    argv = [str(package), "-o", str(out), "--cut", "c2", "--max-batch-size", "4"]
+    assert main([*argv, "--version", "3", "--max-queue-delay-us", "700"]) == 0
+    captured = capsys.readouterr()
+    assert "queue delay 700 us" in captured.out
+    assert (out / "cnn" / "3" / "model.onnx").is_file()
+    assert captured.err.splitlines() == [
+        "splitinfer-triton: warning: --version N is deprecated; use --model-version N",
+        "splitinfer-triton: warning: --max-queue-delay-us is deprecated; use --max-queue-delay",
+    ]
+    assert main([*argv, "--model-version", "4", "--max-queue-delay", "250us"]) == 0
+    assert "queue delay 250 us" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("splitinfer-triton splitinfer ")
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
         (["--cut", "c9"], "--cut c9: no such cut"),
         (["--cut", "c2", "--version-policy", "newest"], "give latest:N, all or specific"),
         (["--cut", "c2", "--version-policy", "latest:x"], "numbers expected"),
-        (["--cut", "c2", "--version", "0"], "integers >= 1"),
+        (["--cut", "c2", "--model-version", "0"], "integers >= 1"),
         (["--cut", "c2", "--max-batch-size", "4", "--preferred-batch-size", "8"], "above"),
         (["--cut", "c2", "--instance-kind", "tpu"], "invalid choice"),
     ],

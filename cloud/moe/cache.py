@@ -47,7 +47,7 @@ Key = tuple[int, int]
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """``budget_bytes``: device bytes for experts (``--expert-cache-bytes``)."""
+    """``budget_bytes``: device bytes for experts (``--expert-cache``)."""
 
     budget_bytes: int
     policy: str = "lfru"
@@ -165,7 +165,7 @@ class ExpertCache:
         if config.budget_bytes < largest:
             raise ConfigError(
                 f"expert cache budget {config.budget_bytes} bytes is below the largest expert "
-                f"({largest} bytes); give --expert-cache-bytes {largest} or more"
+                f"({largest} bytes); give --expert-cache {largest} or more"
             )
 
     # -- accounting -------------------------------------------------------------

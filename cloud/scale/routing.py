@@ -316,6 +316,7 @@ class ReplicaBackend:
         self.table = table
         self.call = call
         self.limits = config.limits()
+        self.started = time.monotonic()
         self.registry = registry or CollectorRegistry()
         self.requests = Counter(
             "splitinfer_ingress_requests",
@@ -335,8 +336,8 @@ class ReplicaBackend:
             ["kind"],
             registry=self.registry,
         )
-        self.aborts = Counter(
-            "splitinfer_ingress_aborted_uploads",
+        self.aborts = Counter(  # the daemon's name: one alert covers both front ends
+            "splitinfer_aborted_uploads",
             "Requests whose client closed the connection before its body was complete",
             registry=self.registry,
         )
@@ -378,6 +379,15 @@ class ReplicaBackend:
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         ready = self.table.ready
         return ready, readiness_doc(ready, self.table.status())
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "service": "cloud-service (Ray Serve ingress)",
+            "ready": self.table.ready,
+            "uptime_s": time.monotonic() - self.started,
+            "models": self.table.status()["models"],
+            "note": "queues, batches and latencies are the replicas': see their metrics",
+        }
 
     def metrics(self) -> Reply:
         return Reply(200, {"Content-Type": CONTENT_TYPE_LATEST}, generate_latest(self.registry))
