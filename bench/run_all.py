@@ -39,6 +39,8 @@ BENCHES: dict[str, tuple[str, list[str], list[str], str]] = {
                 "digits accuracy vs epsilon at every cut, with and without the bottleneck"),
     "cloud": ("bench_cloud.py", [], ["--quick"],
               "cloud service throughput and latency vs a bare session and a peer server"),
+    "frontend": ("bench_frontend.py", [], ["--rounds", "1", "--no-unet"],
+                 "cloud front end CPU per request vs the baseline commit and LitServe; U-Net"),
     "edge": ("bench_edge.py", [], ["--quick"], "edge agent overhead per request"),
     "hostile": ("bench_hostile.py", [], ["--quick"],
                 "both daemons under slow, idle and oversized clients: good answers, RSS, sockets"),

@@ -201,7 +201,9 @@ class Batcher(Generic[P]):
             )
         item.arrival = now
         item.seq = next(self._seq)
-        queue = self._queues.setdefault(item.key, _Queue())
+        queue = self._queues.get(item.key)
+        if queue is None:
+            queue = self._queues[item.key] = _Queue()
         queue.items.append(item)
         queue.rows += item.rows
         self._rows += item.rows

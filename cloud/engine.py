@@ -11,7 +11,10 @@ Hand-offs cost the model time, so the loop keeps them short: a finished batch's
 successor is launched before its callers are answered, and the loop lets go of
 the GIL when it launches a batch of more than 5 ms of compute until the
 worker is inside the runtime (at most ``HANDOFF_S``; the worker would otherwise
-wait for the busy loop's next pause).
+wait for the busy loop's next pause). A batch expected to compute for less than
+``INLINE_MAX_S`` runs on the loop itself: the hop to a worker and back costs
+more than it. Submits ask for one decision per loop iteration, so the requests
+read in one iteration form one batch.
 
 The same engine runs under the HTTP server, in ``sim/`` and in tests.
 """
@@ -34,7 +37,7 @@ import numpy as np
 
 from splitinfer.cloud.batcher import Batch, Batcher, Item, QueueKey
 from splitinfer.cloud.config import ServiceConfig
-from splitinfer.cloud.metrics import Metrics
+from splitinfer.cloud.metrics import Metrics, VersionSeries
 from splitinfer.cloud.overload import DeadlineUnmeetable, ShuttingDown
 from splitinfer.cloud.registry import CutRunner, LoadedVersion, Registry, RuntimeFactory
 from splitinfer.cloud.segments import segment_factory
@@ -65,6 +68,17 @@ HANDOFF_S = 0.002
 #: done quickly, then waits for the busy loop's GIL again to hand its result back (on
 #: a tiny segment under load the hand-off cost throughput here instead of adding it).
 HANDOFF_MIN_COMPUTE_S = 0.005
+#: A batch expected (from what this version's batches took) to compute for less than this
+#: runs on the event loop, not in a worker: the round trip to a worker (a thread wake-up,
+#: the GIL changing hands twice, the loop woken through its self-pipe) costs the loop about
+#: as much CPU as this and the batch's callers more latency (docs/benchmarks.md, "Front end
+#: cost per request"). Longer batches, and any batch before a time is known, go to a worker.
+INLINE_MAX_S = 0.0002
+
+
+#: What a batch gave: each caller's share of its outputs and the run's seconds, or what
+#: it raised.
+Outcome = tuple[list[Arrays], float] | Exception
 
 
 class BatchFailed(RuntimeError):
@@ -107,8 +121,12 @@ class Engine:
         runtime_factory: RuntimeFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        inline_max_s: float = INLINE_MAX_S,
     ) -> None:
         self.config = config
+        #: batches expected to compute for less than this run on the loop (0: none do;
+        #: tests that hold a batch inside the runtime need it in a worker)
+        self.inline_max_s = inline_max_s
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.wall = wall
@@ -118,7 +136,10 @@ class Engine:
         self.registry = Registry(config, self.metrics, runtime_factory=runtime_factory, clock=clock)
         self.registry.on_retire = self._retired
         self._batchers: dict[str, Batcher[_Pending]] = {}
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}  # model -> (wake_at, timer)
+        self._pumping: set[str] = set()  # models whose decision is due this loop iteration
+        self._in_flight: dict[str, int] = {}  # the in_flight gauge reads it when scraped
+        self._breakers: dict[int, bool] = {}  # version uid -> breaker open, as last published
         self._executing = 0  # batches handed to the pool and not finished
         self._watcher: asyncio.Task[None] | None = None
         self._workers = config.workers or max(2, 2 * config.batching.max_concurrent_batches)
@@ -130,9 +151,9 @@ class Engine:
         self.privacy = (
             Budget(
                 BudgetPolicy(
-                    p.window_s,
-                    p.max_epsilon,
-                    p.delta,
+                    p.budget_window_s,
+                    p.budget_epsilon or 0.0,
+                    p.budget_delta if p.budget_delta is not None else 1e-5,
                     "refuse",
                     "rdp" if p.accountant == "rdp" else "prv",
                 )
@@ -164,11 +185,10 @@ class Engine:
             self._executing or any(b.queued for b in self._batchers.values())
         ):
             await asyncio.sleep(0.005)
-        for model, batcher in self._batchers.items():
+        for batcher in self._batchers.values():
             for item in batcher.drain():
                 _fail(item, ShuttingDown("the service stopped before this request ran", 5.0))
-            self._set_gauges(model, batcher)
-        for handle in self._timers.values():
+        for _, handle in self._timers.values():
             handle.cancel()
         end = self.clock() + max(1.0, timeout)
         while self._executing and self.clock() < end:
@@ -335,17 +355,15 @@ class Engine:
         future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
         item = Item(key, rows, _Pending(lv, runner, arrays, length, future), priority, deadline)
         batcher.submit(item, admitted)
-        gauge = self.metrics.model(model).in_flight
-        gauge.inc()
+        self._in_flight[model] += 1
         try:
-            self._pump(model)
+            self._pump_soon(model, batcher)
             outputs = await future
         except asyncio.CancelledError:
-            if batcher.cancel(item):
-                self._set_gauges(model, batcher)
+            batcher.cancel(item)
             raise
         finally:
-            gauge.dec()
+            self._in_flight[model] -= 1
         return outputs, batcher.load
 
     # -- the batch loop -----------------------------------------------------------
@@ -354,11 +372,35 @@ class Engine:
         batcher = self._batchers.get(model)
         if batcher is None:
             batcher = self._batchers[model] = Batcher(self.config.batching_for(model))
+            # counted here, per request and per batch; the gauges read them when scraped
+            self._in_flight[model] = 0
+            series = self.metrics.model(model)
+            series.in_flight.set_function(lambda: self._in_flight[model])
+            series.queued.set_function(lambda: batcher.queued_rows)
         return batcher
+
+    def _pump_soon(self, model: str, batcher: Batcher[_Pending]) -> None:
+        """After a submit: decide now if the model is idle (a request that finds it idle
+        starts at once), else once the loop has run what is ready now, so that the
+        requests read in one iteration while a batch runs are decided on together (one
+        decision, not one per request)."""
+        if model in self._pumping:
+            return
+        if not batcher.running:
+            self._pump(model)
+            return
+        self._pumping.add(model)
+        asyncio.get_running_loop().call_soon(self._pump, model)
 
     def _pump(self, model: str) -> None:
         """Ask the batcher what to do now; start batches, refuse expired, set the timer."""
+        self._pumping.discard(model)
         batcher = self._batchers[model]
+        if not batcher.queued_rows:  # nothing to start or refuse, no reason to wake
+            held = self._timers.pop(model, None)
+            if held is not None:
+                held[1].cancel()
+            return
         now = self.clock()
         decision = batcher.schedule(now)
         series = self.metrics.model(model)
@@ -369,42 +411,70 @@ class Engine:
             for it in batch.items:
                 series.queue_seconds.observe(now - it.arrival)
             self._launch(model, batcher, batch)
-        old = self._timers.pop(model, None)
-        if old is not None:
-            old.cancel()
-        if decision.wake_at is not None:
+        wake = decision.wake_at
+        held = self._timers.get(model)
+        if held is not None and held[0] != wake:  # a timer for the same moment stays
+            held[1].cancel()
+            del self._timers[model]
+            held = None
+        if wake is not None and held is None:
             loop = asyncio.get_running_loop()
-            self._timers[model] = loop.call_later(
-                max(0.0, decision.wake_at - now), self._pump, model
-            )
-        self._set_gauges(model, batcher)
+            self._timers[model] = (wake, loop.call_later(max(0.0, wake - now), self._woken, model))
+
+    def _woken(self, model: str) -> None:
+        self._timers.pop(model, None)  # fired: the next decision sets a new one
+        self._pump(model)
 
     def _launch(self, model: str, batcher: Batcher[_Pending], batch: Batch[_Pending]) -> None:
-        """Hand a batch to the thread pool; :meth:`_finish` runs on the loop when it is done.
+        """Hand a batch to the thread pool, or run a tiny one here (:meth:`_inline`);
+        :meth:`_finish` runs on the loop when it is done.
 
         Plain callbacks rather than a task: one loop iteration less on each side.
         """
         pending = [it.payload for it in batch.items]
         runner = pending[0].runner
-        entered = threading.Event()
-        work = self._pool.submit(
-            _compute,
-            runner,
-            [p.arrays for p in pending],
-            [it.rows for it in batch.items],
-            [p.length for p in pending],
-            entered,
-        )
+        parts = [p.arrays for p in pending]
+        rows = [it.rows for it in batch.items]
+        lengths = [p.length for p in pending]
+        loop = asyncio.get_running_loop()
         self._executing += 1
+        if self._inline(runner, batch.rows):  # cheaper here than the hop to a worker
+            outcome: Outcome
+            try:
+                outcome = _compute(runner, parts, rows, lengths, None)
+            except Exception as exc:
+                outcome = exc
+            loop.call_soon(self._finish, model, batcher, batch, outcome)
+            return
+        entered = threading.Event()
+        work = self._pool.submit(_compute, runner, parts, rows, lengths, entered)
         if self._hands_off(runner, batch.rows):
             entered.wait(HANDOFF_S)
-        loop = asyncio.get_running_loop()
 
         def done(f: Future[tuple[list[Arrays], float]]) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-                loop.call_soon_threadsafe(self._finish, model, batcher, batch, f)
+                loop.call_soon_threadsafe(self._finished, model, batcher, batch, f)
 
         work.add_done_callback(done)
+
+    def _finished(
+        self,
+        model: str,
+        batcher: Batcher[_Pending],
+        batch: Batch[_Pending],
+        work: Future[tuple[list[Arrays], float]],
+    ) -> None:
+        """A worker's batch is done: on to :meth:`_finish` with what it gave."""
+        outcome: Outcome
+        try:
+            outcome = work.result()
+        except Exception as exc:
+            outcome = exc
+        self._finish(model, batcher, batch, outcome)
+
+    def _inline(self, runner: CutRunner, rows: int) -> bool:
+        """Whether a batch is short enough to run on the loop (see ``INLINE_MAX_S``)."""
+        return runner.latency.known and runner.latency.estimate(rows) < self.inline_max_s
 
     def _hands_off(self, runner: CutRunner, rows: int) -> bool:
         """Whether the loop waits for a just-launched batch's worker to enter the runtime.
@@ -423,8 +493,9 @@ class Engine:
         model: str,
         batcher: Batcher[_Pending],
         batch: Batch[_Pending],
-        work: Future[tuple[list[Arrays], float]],
+        outcome: Outcome,
     ) -> None:
+        """A batch is done: ``outcome`` is its shares and run seconds, or what it raised."""
         self._executing -= 1
         pending = [it.payload for it in batch.items]
         lv = pending[0].version
@@ -433,10 +504,10 @@ class Engine:
         failure: Exception | None = None
         shares: list[Arrays] = []
         seconds = 0.0
-        try:
-            shares, seconds = work.result()
-        except Exception as exc:
-            failure = exc
+        if isinstance(outcome, Exception):
+            failure = outcome
+        else:
+            shares, seconds = outcome
         batcher.complete(batch, now, seconds, ok=failure is None)
         lv.breaker.record(failure is None, now)
         self._pump(model)  # the next batch starts before this one's callers are answered
@@ -444,7 +515,7 @@ class Engine:
             log.error(
                 "%s version %s: batch of %d failed", model, lv.version, batch.rows, exc_info=failure
             )
-            vm.breaker_open.set(not lv.breaker.closed)
+            self._show_breaker(vm, lv, not lv.breaker.closed)
             error = BatchFailed(
                 f"the model failed on this batch: {' '.join(str(failure).split())[:200]}"
             )
@@ -452,7 +523,7 @@ class Engine:
                 if not p.future.done():
                     p.future.set_exception(error)
             return
-        vm.breaker_open.set(0)
+        self._show_breaker(vm, lv, False)
         vm.compute_seconds.observe(seconds)
         vm.batch_size.observe(batch.rows)
         vm.inferences.inc(batch.rows)
@@ -461,8 +532,11 @@ class Engine:
             if not p.future.done():
                 p.future.set_result(share)
 
-    def _set_gauges(self, model: str, batcher: Batcher[_Pending]) -> None:
-        self.metrics.model(model).queued.set(batcher.queued_rows)
+    def _show_breaker(self, vm: VersionSeries, lv: LoadedVersion, is_open: bool) -> None:
+        """Set a version's breaker gauge when its state changed (a set takes a lock)."""
+        if self._breakers.get(lv.uid) != is_open:
+            self._breakers[lv.uid] = is_open
+            vm.breaker_open.set(is_open)
 
     async def _watch(self, interval: float) -> None:
         while True:
@@ -473,6 +547,7 @@ class Engine:
                 log.exception("repository rescan failed")
 
     def _retired(self, lv: LoadedVersion) -> None:
+        self._breakers.pop(lv.uid, None)
         batcher = self._batchers.get(lv.model)
         if batcher is not None and not batcher.queued:
             batcher.forget(lv.uid)
@@ -483,13 +558,15 @@ def _compute(
     parts: Sequence[Arrays],
     rows: Sequence[int],
     lengths: Sequence[int | None],
-    entered: threading.Event,
+    entered: threading.Event | None,
 ) -> tuple[list[Arrays], float]:
-    """Stack, run and split one batch; runs in a worker thread. Returns (shares, run seconds)."""
+    """Stack, run and split one batch, in a worker thread (``entered`` is set when it is
+    about to run) or, for a tiny batch, on the loop. Returns (shares, run seconds)."""
     try:
         feeds = stack(parts, runner.inputs)
     finally:
-        entered.set()  # the loop may go on: the runtime lets go of the GIL while it runs
+        if entered is not None:
+            entered.set()  # the loop may go on: the runtime lets go of the GIL while it runs
     started = time.perf_counter()
     produced = runner.runtime.run(feeds)
     seconds = time.perf_counter() - started

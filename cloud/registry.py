@@ -126,6 +126,10 @@ class ModelState:
         if not self.serving:
             why = "; ".join(f"{v}: {r}" for v, (_, r) in self.failed.items()) or "loading"
             raise Rejected(f"model {self.name!r} has no version ready ({why})", 5.0)
+        if len(self.serving) == 1:  # the usual case, on every request: nothing to choose
+            (lv,) = self.serving.values()
+            if lv.breaker.allows(now):
+                return lv
         draw = stable_draw(self.name, device) if self.policy.sticky and device else draw
         candidates = [v for v, lv in self.serving.items() if lv.breaker.available(now)]
         while candidates:

@@ -95,7 +95,7 @@ def output_axes(outputs: Sequence[TensorSpec], batch_dim: str | None) -> dict[st
 
 
 def sample_shape(arrays: Mapping[str, Array], names: Sequence[str]) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(arrays[n].shape[1:]) for n in names)
+    return tuple([arrays[n].shape[1:] for n in names])  # a shape is a tuple already
 
 
 def stack(parts: Sequence[Mapping[str, Array]], names: Sequence[str]) -> Arrays:

@@ -122,8 +122,9 @@ async def read_body(
     """The whole body, at most ``limit`` bytes, within ``timeout_s`` seconds.
 
     ``declared`` is the Content-Length (None when chunked): a body declared
-    over the limit is refused before a byte is read, and a sized body is read
-    into one preallocated buffer. ``grow(n)`` is called before each chunk of an
+    over the limit is refused before a byte is read; the chunks are joined once
+    at the end (a body that came in one chunk is not copied; one the stream
+    holds whole already is taken without a timer). ``grow(n)`` is called before each chunk of an
     unsized body is kept, so that the caller can account for (and refuse) it.
     ``content`` is any :class:`~splitinfer.shared.contract.BodyStream` (aiohttp's
     ``request.content``, Starlette's stream, a body in memory). A client gone
@@ -132,22 +133,21 @@ async def read_body(
     """
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"request body of {declared} bytes is over the limit of {limit} bytes")
-    buf = bytearray()
+    buf = _Chunks(limit, None if declared is not None else grow)
     try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                chunk = await content.readany()
-                if not chunk:
-                    break
-                if len(buf) + len(chunk) > limit:
-                    raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
-                if grow is not None and declared is None:
-                    grow(len(chunk))
-                buf += chunk
+        if _complete(content):  # all of it is here already: no timer to arm
+            buf.add(content.read_nowait(-1))  # type: ignore[attr-defined]
+        else:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    chunk = await content.readany()
+                    if not chunk:
+                        break
+                    buf.add(chunk)
     except TimeoutError:
         buf.clear()
         raise BodyTimeout(
-            f"request body not received within {timeout_s:g} s (body_timeout_s)"
+            f"request body not received within {timeout_s:g} s (body_timeout)"
         ) from None
     except (ConnectionError, OSError) as exc:
         buf.clear()
@@ -157,10 +157,42 @@ async def read_body(
         if _is_payload_error(exc):  # aiohttp's RequestPayloadError (truncated body)
             raise ClientGone(f"client went away mid-body: {exc}") from None
         raise
-    if declared is not None and len(buf) != declared:
+    if declared is not None and buf.size != declared:
         buf.clear()
-        raise ClientGone(f"client sent {len(buf)} of its {declared} bytes")
-    return bytes(buf)
+        raise ClientGone(f"client sent {buf.size} of its {declared} bytes")
+    return buf.join()
+
+
+class _Chunks:
+    """A body's chunks as they came, joined once at the end (one chunk: no copy at all)."""
+
+    def __init__(self, limit: int, grow: Callable[[int], None] | None) -> None:
+        self.limit = limit
+        self.grow = grow  # called before each chunk of an unsized body is kept
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, chunk: bytes) -> None:
+        if self.size + len(chunk) > self.limit:
+            raise BodyTooLarge(f"request body is over the limit of {self.limit} bytes")
+        if self.grow is not None and chunk:
+            self.grow(len(chunk))
+        self.parts.append(chunk)
+        self.size += len(chunk)
+
+    def clear(self) -> None:
+        self.parts.clear()
+
+    def join(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def _complete(content: BodyStream) -> bool:
+    """Whether the stream already holds its whole body (aiohttp's ``StreamReader`` once
+    the parser has seen the body's end, as for any body that came with its headers):
+    then it is taken at once, with no timer armed for a read that cannot wait."""
+    is_eof = getattr(content, "is_eof", None)
+    return is_eof is not None and hasattr(content, "read_nowait") and bool(is_eof())
 
 
 def _is_payload_error(exc: BaseException) -> bool:

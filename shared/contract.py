@@ -65,6 +65,9 @@ class Reply:
 
     def header(self, name: str, default: str = "") -> str:
         """A header, looked up case-insensitively."""
+        exact = self.headers.get(name)
+        if exact is not None:
+            return exact
         low = name.lower()
         for key, value in self.headers.items():
             if key.lower() == low:

@@ -21,6 +21,7 @@ each naming the field at fault (``frame.tensors[0].shape: ...``).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -232,16 +233,21 @@ def decode_request(
     ``finite``: a float tensor holding NaN or infinity is refused.
     """
     try:
-        if isinstance(data, RequestHead):
+        cut_id: str | None
+        version: str | None
+        if isinstance(data, RequestHead):  # its routing fields are checked already
             header, view, end = data.header, data.view, data.end
+            model, cut_id, version = data.model, data.cut_id, data.model_version
         else:
             header, view, end = _split(data, KIND_REQUEST, _REQUEST_KEYS, limits)
-        model = _text(header, "model", "frame")
+            model = _text(header, "model", "frame")
+            cut_id = version = None
         if model != manifest.model_name:
             raise ProtocolError(
                 f"frame.model: {model!r} does not match the package's {manifest.model_name!r}"
             )
-        cut_id = _text(header, "cut_id", "frame")
+        if cut_id is None:
+            cut_id = _text(header, "cut_id", "frame")
         cut = manifest.find_cut(cut_id)
         if cut is None or cut.kind == "all":
             raise ProtocolError(
@@ -253,7 +259,8 @@ def decode_request(
         if not _is_int(deadline) or not 0 <= deadline <= _MAX_U64:
             raise ProtocolError(f"frame.deadline_ms: {deadline!r} is not a uint64")
         request_id = _text(header, "request_id", "frame")
-        version = _text(header, "model_version", "frame")
+        if version is None:
+            version = _text(header, "model_version", "frame")
         trace_id = _text(header, "trace_id", "frame")
         priv = Privacy(
             noise_multiplier=_amount(privacy, "noise_multiplier", "frame.privacy"),
@@ -336,7 +343,7 @@ def _encode(
             }
         )
     header["tensors"] = metas
-    blob = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    blob = _JSON_ENCODER.encode(header).encode("utf-8")
     if payloads:  # pad the JSON with spaces: the first payload starts 16-byte aligned
         blob += b" " * (-(_PREAMBLE.size + len(blob) + _LENGTH.size) % _PAYLOAD_ALIGN)
     parts = [_PREAMBLE.pack(MAGIC, FRAME_VERSION, kind, len(blob)), blob]
@@ -373,7 +380,7 @@ def _split(
             f"frame.header: {hlen} bytes claimed, {len(view) - _PREAMBLE.size} left"
         )
     try:
-        header = json.loads(bytes(view[_PREAMBLE.size : end]).decode("utf-8"), parse_constant=_nan)
+        header = _JSON_DECODER.decode(str(view[_PREAMBLE.size : end], "utf-8"))
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"frame.header: not UTF-8 JSON ({exc})") from exc
     if not isinstance(header, dict):
@@ -418,13 +425,81 @@ def _tensors(
     calibrated: Mapping[str, QuantSpec] | None = None,
     want: Codec | None = None,
 ) -> tuple[WireTensor, ...]:
-    """Validate every tensor header, then decode the payloads."""
+    """Validate every tensor header (:func:`_check_once`), then decode the payloads."""
+    checked = _check_once(raw, manifest, specs, limits, codecs, calibrated, want)
+    payloads = _payloads(view, end, len(checked), limits)
+    tensors = []
+    for i, ((dtype, shape, codec, quant, ref), payload) in enumerate(
+        zip(checked, payloads, strict=True)
+    ):
+        try:
+            array = codec.decode(payload, dtype, shape, quant, limits.max_tensor_bytes)
+        except CodecError as exc:
+            raise CodecError(f"frame.tensors[{i}].payload: {exc}") from exc
+        tensors.append(WireTensor(specs[i].name, array, codec.id, quant, ref))
+    return tuple(tensors)
+
+
+#: What checking one tensor header gives: dtype, shape, codec, parameters, from the manifest.
+_Checked = tuple[str, tuple[int, ...], Codec, QuantParams | None, bool]
+#: Tensor headers checked already (see :func:`_check_once`), at most ``_CHECKED_MAX``.
+_CHECKED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_CHECKED_MAX = 256
+
+
+def _check_once(
+    raw: Any,
+    manifest: Manifest,
+    specs: Sequence[TensorSpec],
+    limits: Limits,
+    codecs: Mapping[int, Codec] | None,
+    calibrated: Mapping[str, QuantSpec] | None,
+    want: Codec | None,
+) -> tuple[_Checked, ...]:
+    """:func:`_check`, remembered: a device sends the same tensor headers request after
+    request. The key is the headers' ``repr``, exact to the type (``1``, ``1.0`` and
+    ``True`` differ; JSON gives nothing whose ``repr`` is ambiguous), with ``limits`` and
+    the identity of everything else the check reads, held by the entry so that no id is
+    reused meanwhile. Headers with quantization parameters listed are checked every time
+    (keying a per-channel list costs what checking it does); failures are not kept."""
+    for t in raw:
+        if not isinstance(t, dict) or isinstance(t.get("quant"), (dict, list)):
+            return _check(raw, manifest, specs, limits, codecs, calibrated, want)
+    key = (repr(raw), limits, id(manifest), id(specs), id(codecs), id(calibrated), id(want))
+    hit = _CHECKED.get(key)
+    if (
+        hit is not None
+        and hit[0] is manifest
+        and hit[1] is specs
+        and hit[2] is codecs
+        and hit[3] is calibrated
+        and hit[4] is want
+    ):
+        return hit[5]  # type: ignore[no-any-return]
+    checked = _check(raw, manifest, specs, limits, codecs, calibrated, want)
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()
+    _CHECKED[key] = (manifest, specs, codecs, calibrated, want, checked)
+    return checked
+
+
+def _check(
+    raw: Any,
+    manifest: Manifest,
+    specs: Sequence[TensorSpec],
+    limits: Limits,
+    codecs: Mapping[int, Codec] | None,
+    calibrated: Mapping[str, QuantSpec] | None,
+    want: Codec | None,
+) -> tuple[_Checked, ...]:
+    """Every tensor header checked against the manifest's ``specs``; raises
+    :class:`ProtocolError` naming the field at fault."""
     names = [s.name for s in specs]
     got = [t.get("name") if isinstance(t, dict) else None for t in raw]
     if got != names:
         raise ProtocolError(f"frame.tensors: names {got!r} are not the expected {names!r}")
     symbols: dict[str, int] = {}
-    checked: list[tuple[str, tuple[int, ...], Codec, QuantParams | None, bool]] = []
+    checked: list[_Checked] = []
     for i, (item, spec) in enumerate(zip(raw, specs, strict=True)):
         where = f"frame.tensors[{i}]"
         meta = _obj(item, where, _TENSOR_KEYS)
@@ -432,7 +507,7 @@ def _tensors(
         if dtype != spec.dtype:
             raise ProtocolError(f"{where}.dtype: {dtype!r} is not the manifest's {spec.dtype!r}")
         shape = _shape(meta["shape"], spec, manifest.batch_dim, symbols, limits, where)
-        nbytes = math.prod(shape) * np.dtype(spec.dtype).itemsize
+        nbytes = math.prod(shape) * _itemsize(spec.dtype)
         if nbytes > limits.max_tensor_bytes:
             raise ProtocolError(
                 f"{where}.shape: {list(shape)} is {nbytes} bytes, over {limits.max_tensor_bytes}"
@@ -464,17 +539,7 @@ def _tensors(
         else:
             quant = _quant(meta["quant"], codec, shape, f"{where}.quant")
         checked.append((spec.dtype, shape, codec, quant, ref))
-    payloads = _payloads(view, end, len(checked), limits)
-    tensors = []
-    for i, ((dtype, shape, codec, quant, ref), payload) in enumerate(
-        zip(checked, payloads, strict=True)
-    ):
-        try:
-            array = codec.decode(payload, dtype, shape, quant, limits.max_tensor_bytes)
-        except CodecError as exc:
-            raise CodecError(f"frame.tensors[{i}].payload: {exc}") from exc
-        tensors.append(WireTensor(names[i], array, codec.id, quant, ref))
-    return tuple(tensors)
+    return tuple(checked)
 
 
 def _cut_codec(name: str, codecs: Mapping[int, Codec] | None) -> Codec:
@@ -494,7 +559,7 @@ def _shape(
     where: str,
 ) -> tuple[int, ...]:
     """The shape, checked dim by dim; a symbol binds to one value across all tensors."""
-    if not isinstance(raw, list) or len(raw) > _MAX_RANK or not all(_is_int(d) for d in raw):
+    if not isinstance(raw, list) or len(raw) > _MAX_RANK or not all(map(_is_int, raw)):
         raise ProtocolError(f"{where}.shape: {raw!r} is not a list of at most 8 ints")
     if len(raw) != len(spec.shape):
         raise ProtocolError(
@@ -580,6 +645,8 @@ def _text(obj: dict[str, Any], key: str, where: str, max_len: int = _MAX_TEXT) -
 
 def _amount(obj: dict[str, Any], key: str, where: str) -> float:
     value = obj[key]
+    if value.__class__ is float and 0.0 <= value < math.inf:  # the usual case, at once
+        return value
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ProtocolError(f"{where}.{key}: expected a number, got {value!r}")
     try:
@@ -597,3 +664,14 @@ def _is_int(value: Any) -> bool:
 
 def _nan(token: str) -> Any:
     raise ValueError(f"{token} is not allowed")
+
+
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
+#: One JSON decoder and encoder for every frame: ``json.loads`` and ``json.dumps`` build a
+#: new one on every call that passes an option.
+_JSON_DECODER = json.JSONDecoder(parse_constant=_nan)
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)

@@ -7,6 +7,7 @@ first and refuses a newer version with a clear message; the JSON schema in
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -406,7 +407,12 @@ class Manifest:
         return found
 
     def find_cut(self, cut_id: str) -> Cut | None:
-        return next((c for c in self.cuts if c.id == cut_id), None)
+        return self._cuts_by_id.get(cut_id)
+
+    @functools.cached_property
+    def _cuts_by_id(self) -> dict[str, Cut]:
+        """The cuts by id (the first of an id wins), built once: a frame names one."""
+        return {c.id: c for c in reversed(self.cuts)}
 
     @property
     def cut_ids(self) -> tuple[str, ...]:

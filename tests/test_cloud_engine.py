@@ -110,7 +110,8 @@ async def test_concurrent_requests_form_batches_and_each_gets_its_own_answer(
 ) -> None:
     m = manifest_of(repo)
     cfg = config(repo, batching=BatchingConfig(max_batch_size=64))
-    async with Engine(cfg, runtime_factory=gate) as engine:
+    # inline_max_s=0: the gate holds a batch in a worker (this quick model would run inline)
+    async with Engine(cfg, runtime_factory=gate, inline_max_s=0) as engine:
         gate.open.clear()  # hold the first batch so the rest queue up behind it
         inputs = [x(i, rows=1 + i % 3) for i in range(24)]
         tasks = [asyncio.create_task(engine.infer("chain", frame(m, {"x": a}))) for a in inputs]
@@ -186,7 +187,8 @@ async def test_a_request_names_its_version(repo: Path) -> None:
 async def test_deadlines_and_the_queue_bound_refuse_early(repo: Path, gate: Gate) -> None:
     m = manifest_of(repo)
     batching = BatchingConfig(max_batch_size=2, max_queue_size=4)
-    async with Engine(config(repo, batching=batching), runtime_factory=gate) as engine:
+    cfg = config(repo, batching=batching)
+    async with Engine(cfg, runtime_factory=gate, inline_max_s=0) as engine:
         now_ms = int(time.time() * 1000)
         with pytest.raises(DeadlineUnmeetable, match="already passed"):
             await engine.infer("chain", frame(m, {"x": x(0)}, deadline_ms=now_ms - 10))
@@ -234,7 +236,7 @@ async def test_variable_lengths_are_padded_to_buckets_under_the_mask(repo: Path)
 
     samples = [sample(n) for n in (2, 3, 4, 3, 5, 7)]
     gate = Gate()
-    async with Engine(config(repo), runtime_factory=gate) as engine:
+    async with Engine(config(repo), runtime_factory=gate, inline_max_s=0) as engine:
         runner = engine.registry.model("seq").serving["1"].runner("c1")
         assert runner.pad is not None
         assert runner.pad.symbol == "S"
@@ -255,7 +257,7 @@ async def test_variable_lengths_are_padded_to_buckets_under_the_mask(repo: Path)
 async def test_a_version_swap_under_load_fails_no_request(repo: Path, gate: Gate) -> None:
     m = manifest_of(repo)
     (repo / "chain" / "2").rename(repo / "chain" / ".2.staged")
-    async with Engine(config(repo), runtime_factory=gate) as engine:
+    async with Engine(config(repo), runtime_factory=gate, inline_max_s=0) as engine:
         assert list(engine.registry.model("chain").serving) == ["1"]
         # a batch of version 1 is held in the runtime while version 2 arrives
         gate.open.clear()
@@ -348,7 +350,7 @@ async def test_a_failing_version_trips_its_breaker_and_traffic_moves_off_it(repo
 
 async def test_stopping_drains_the_queue_then_refuses(repo: Path, gate: Gate) -> None:
     m = manifest_of(repo)
-    engine = Engine(config(repo), runtime_factory=gate)
+    engine = Engine(config(repo), runtime_factory=gate, inline_max_s=0)
     await engine.start()
     gate.open.clear()
     tasks = [asyncio.create_task(engine.infer("chain", frame(m, {"x": x(i)}))) for i in range(5)]
@@ -388,7 +390,7 @@ async def test_a_launched_batch_is_inside_the_runtime_before_the_loop_goes_on(
 
     monkeypatch.setattr(Engine, "_launch", launch_and_look)
     m = manifest_of(repo)
-    async with Engine(config(repo), runtime_factory=Entered) as engine:
+    async with Engine(config(repo), runtime_factory=Entered, inline_max_s=0) as engine:
         await engine.infer("chain", frame(m, {"x": x(1)}))  # the pool's thread is started
         armed.set()
         task = asyncio.create_task(engine.infer("chain", frame(m, {"x": x(0)})))
@@ -412,6 +414,62 @@ async def test_the_loop_hands_off_only_batches_long_enough_to_repay_it(repo: Pat
         engine._executing = engine._workers + 1  # every worker busy: nobody to hand to
         assert not engine._hands_off(runner, 1)
         engine._executing = 0
+
+
+async def test_a_tiny_batch_runs_on_the_loop_and_a_longer_one_in_a_worker(repo: Path) -> None:
+    """The hop to a worker costs more than a batch of a few microseconds: such a batch runs
+    on the loop; one expected to take longer (or before any time is known) in a worker."""
+    threads: list[str] = []
+
+    class Seen(Runtime):
+        def run(self, feeds: Any) -> dict[str, np.ndarray]:
+            threads.append(threading.current_thread().name)
+            return super().run(feeds)
+
+    m = manifest_of(repo)
+    async with Engine(config(repo), runtime_factory=Seen) as engine:
+        runner = engine.registry.model("chain").serving["2"].runner("c0")
+        assert engine._inline(runner, 1)  # the warm-up timed it: microseconds
+        threads.clear()
+        first = await engine.infer("chain", frame(m, {"x": x(0)}))
+        assert threads == [threading.current_thread().name]
+        for rows in (1, 8):
+            runner.latency.observe(rows, 0.001 * rows)  # now a batch takes a millisecond
+        second = await engine.infer("chain", frame(m, {"x": x(0)}))
+        assert threads[1].startswith("splitinfer-batch")
+        np.testing.assert_array_equal(answer(m, first.body), answer(m, second.body))
+    async with Engine(config(repo), runtime_factory=Seen, inline_max_s=0) as engine:
+        runner = engine.registry.model("chain").serving["2"].runner("c0")
+        assert not engine._inline(runner, 1)
+
+
+async def test_requests_that_arrive_while_a_batch_runs_are_decided_on_once(
+    repo: Path, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that finds the model idle starts at once; those read in one loop
+    iteration while a batch runs cost one decision between them, not one each."""
+    decisions: list[int] = []
+    pump = Engine._pump
+
+    def counted(self: Engine, model: str) -> None:
+        decisions.append(1)
+        pump(self, model)
+
+    monkeypatch.setattr(Engine, "_pump", counted)
+    m = manifest_of(repo)
+    async with Engine(config(repo), runtime_factory=gate, inline_max_s=0) as engine:
+        gate.open.clear()
+        first = asyncio.create_task(engine.infer("chain", frame(m, {"x": x(0)})))
+        await until(lambda: running(engine) == 1)
+        decisions.clear()
+        rest = [
+            asyncio.create_task(engine.infer("chain", frame(m, {"x": x(i)}))) for i in range(10)
+        ]
+        await until(lambda: queued(engine) == 10)
+        assert len(decisions) == 1
+        gate.open.set()
+        await asyncio.gather(first, *rest)
+    assert gate.batches[-2:] == [1, 10]
 
 
 async def test_the_warm_up_feeds_a_cut_tensor_at_its_analysed_size(tmp_path: Path) -> None:

@@ -236,3 +236,33 @@ async def test_the_ray_ingress_reads_starlettes_stream() -> None:
     with pytest.raises(asyncio.CancelledError):
         await reading
     assert stream.cut_off
+
+
+async def test_a_body_the_stream_holds_whole_is_read_at_once_and_checked_alike() -> None:
+    """aiohttp's stream holds a body that came with its headers whole: it is taken with no
+    timer armed, one chunk is not copied, and the size checks are those of the slow path."""
+    from aiohttp import StreamReader
+    from aiohttp.base_protocol import BaseProtocol
+
+    from splitinfer.serving.body import BodyTooLarge, ClientGone, read_body
+
+    loop = asyncio.get_running_loop()
+
+    def held(*chunks: bytes) -> StreamReader:
+        stream = StreamReader(BaseProtocol(loop), 2**16, loop=loop)
+        for c in chunks:
+            stream.feed_data(c)
+        stream.feed_eof()
+        return stream
+
+    one = b"x" * 100
+    got = await read_body(held(one), declared=100, limit=1000, timeout_s=0.001)
+    assert got is one  # no copy
+    assert await read_body(held(b"ab", b"cd"), declared=4, limit=10, timeout_s=5) == b"abcd"
+    with pytest.raises(ClientGone, match="sent 4 of its 8 bytes"):
+        await read_body(held(b"ab", b"cd"), declared=8, limit=10, timeout_s=5)
+    with pytest.raises(BodyTooLarge):
+        await read_body(held(b"abcd"), declared=None, limit=3, timeout_s=5)
+    grown: list[int] = []
+    body = await read_body(held(b"abc"), declared=None, limit=10, timeout_s=5, grow=grown.append)
+    assert (body, grown) == (b"abc", [3])

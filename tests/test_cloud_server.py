@@ -201,7 +201,8 @@ async def test_queue_limits_and_deadlines_answer_503_with_retry_after(
             return super().run(feeds)
 
     cfg = config(repo, batching=BatchingConfig(max_batch_size=2, max_queue_size=2))
-    client = await aiohttp_client(build_app(cfg, engine=Engine(cfg, runtime_factory=Gated)))
+    engine = Engine(cfg, runtime_factory=Gated, inline_max_s=0)  # the gate holds a worker
+    client = await aiohttp_client(build_app(cfg, engine=engine))
     m = chain_manifest(repo)
     past = int(time.time() * 1000) - 1
     resp = await post(client, INFER, frame(m, {"x": vec(0)}, deadline_ms=past), cred=None)
@@ -403,7 +404,7 @@ listen = "0.0.0.0:9000"
 no_auth = true
 [batching]
 max_batch_size = 16
-max_queue_delay_ms = 5
+max_queue_delay = "5ms"
 [runtime]
 providers = ["cuda", "cpu"]
 [models.resnet]

@@ -198,6 +198,26 @@ def test_every_validation_failure_names_its_field(edit: Any, field: str) -> None
         decode_request(frame_with(edit), MANIFEST, LIMITS)
 
 
+def test_a_header_checked_once_lets_nothing_else_through() -> None:
+    """Tensor headers are checked once and remembered (devices repeat them): a header that
+    differs only in a value's type, or the same header under other limits or another
+    manifest, is checked on its own."""
+    good = frame_with(lambda h: None)
+    for _ in range(2):
+        decode_request(good, MANIFEST, LIMITS)
+    for dim in (2.0, True):
+        with pytest.raises(ProtocolError, match=r"frame\.tensors\[0\]\.shape"):
+            decode_request(
+                frame_with(_set(("tensors", 0, "shape"), [dim, 4, 3, 3])), MANIFEST, LIMITS
+            )
+    with pytest.raises(ProtocolError, match=r"frame\.tensors\[0\]\.shape: dim 0 \(N\) is 2"):
+        decode_request(good, MANIFEST, replace(LIMITS, max_batch=1))
+    wider = (TensorSpec("feat", "float32", ("N", 4, 3, 4)), CUT[1])
+    other = replace(MANIFEST, cuts=(replace(MANIFEST.cuts[0], tensors=wider), *MANIFEST.cuts[1:]))
+    with pytest.raises(ProtocolError, match=r"frame\.tensors\[0\]\.shape: dim 3 is 3"):
+        decode_request(good, other, LIMITS)
+
+
 def test_quant_params_are_checked_against_the_shape() -> None:
     def edit(header: dict[str, Any]) -> None:
         header["tensors"][0]["codec"] = INT8
