@@ -20,6 +20,8 @@
   strategy and one scenario;
 * :mod:`~splitinfer.sim.report`: the JSON report, plots and the comparison table;
 * :mod:`~splitinfer.sim.cli`: the ``netsim`` command (``link``, ``run``, ``compare``).
+* :mod:`~splitinfer.sim.soak`: the soak run's fault schedule, ledger, answer rules
+  and verdicts, pure (``bench/bench_soak.py`` drives the processes).
 
 See docs/netsim.md for the model and its limits.
 """
