@@ -330,6 +330,10 @@ class Link:
         object.__setattr__(self, "window_s", window)
         if not (isinstance(self.packet_bytes, int) and self.packet_bytes >= 0):
             raise ConfigError(f"packet_bytes={self.packet_bytes!r} must be an integer >= 0")
+        if isinstance(self.uplink_samples, tuple) and not self.uplink_samples:
+            # a fixed link (the chooser builds one per candidate rate): no array to check
+            object.__setattr__(self, "_caps", _NO_SAMPLES)
+            return
         caps = np.asarray(self.uplink_samples, dtype=np.float64)
         if caps.size:
             if caps.ndim != 1 or not np.isfinite(caps).all() or (caps < 0).any():
@@ -448,8 +452,14 @@ class Link:
         )
 
 
+_NO_SAMPLES: F64 = np.zeros(0)
+_NO_SAMPLES.setflags(write=False)
+
+
 def _real(value: object) -> float | None:
     """``value`` as a float if it is a real number (not a bool), else None."""
+    if type(value) is float:  # the common case, without the ABC checks below
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         return None
     return float(value)
