@@ -63,6 +63,10 @@ def _outcome(model: CorpusModel, check: str, ran: Ran, ok: str) -> str:
     else the first error line."""
     if ran.rc == 0 and "Traceback" not in ran.text:
         return ok
+    if check == "auto" and model.auto_refused is not None:
+        said = ran.text.strip().splitlines()
+        if ran.rc == 2 and said[-1:] == [f"partition: error: {model.auto_refused}"]:
+            return "refused by design (an input not batched on axis 0: a recurrent state)"
     known = model.known.get(check)
     if known is not None and known.match in ran.text:
         return f"fails, known ({known.category})"
