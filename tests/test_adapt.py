@@ -182,7 +182,8 @@ async def test_the_edge_sends_exactly_the_manifest_mechanism(
     uplink = Uplink(
         [FunctionTransport(spy, "a")], UplinkConfig(max_attempts=1), clock=clock, sleep=no_sleep
     )
-    pipe = Pipeline(load_model(pkg), uplink, clock=clock, rng=lambda: np.random.default_rng(7))
+    model = load_model(pkg)
+    pipe = Pipeline(model, uplink, clock=clock, rng=lambda: np.random.default_rng(7))
     x = digits["x"]
     assert isinstance(x, np.ndarray)
     await pipe.infer({"x": x[:8]}, cut=str(digits["cut"]))
@@ -190,7 +191,12 @@ async def test_the_edge_sends_exactly_the_manifest_mechanism(
     assert request.privacy.noise_multiplier == spec.noise_multiplier
     assert request.privacy.clip == spec.clip
     (t,) = cut.tensors
-    clean = run(open_package(pkg).file(cut.edge), {"x": x[:8]})[t.name]
+    # the activation as the agent's own session computes it: an INT8 segment under another
+    # session's kernels (ONNX Runtime's test default) may round one value a step apart,
+    # and after the noise and the wire quantizer that is a whole step of the wire's grid
+    edge = model.cuts[cut.id].edge
+    assert edge is not None
+    clean = edge.run({"x": x[:8]})[t.name]
     assert np.linalg.norm(clean, axis=1).max() > CLIP  # the clip has work to do
     want = clip_and_noise(clean, spec.clip, spec.noise_multiplier, np.random.default_rng(7))
     params = quant_params(cut, t.name)
